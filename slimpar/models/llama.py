@@ -38,7 +38,7 @@ class LlamaConfig:
         "small": dict(dim=256, n_layers=8, n_heads=8, n_kv_heads=4, ffn_dim=688, max_seq_len=512),
         "134m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048, max_seq_len=1024),
         "500m": dict(dim=1280, n_layers=24, n_heads=20, n_kv_heads=20, ffn_dim=3456, max_seq_len=1024),
-        "1b": dict(dim=2048, n_layers=16, n_heads=16, n_kv_heads=8, ffn_dim=5632, max_seq_len=2048),
+        "1b": dict(dim=2048, n_layers=18, n_heads=16, n_kv_heads=8, ffn_dim=5632, max_seq_len=2048),
     }
 
     @classmethod

@@ -1,0 +1,5 @@
+import sys
+
+from slimpar.cli import main
+
+sys.exit(main())

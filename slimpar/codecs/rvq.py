@@ -1,0 +1,269 @@
+"""Residual vector quantization (RVQ) of the r-dim boundary codes, with versioned EMA codebooks.
+
+Algorithm (METHODS.md Part 2 item 4; research/mapl.md §1.4). Q levels, each a codebook of K vectors
+in R^dim. Encoding x (N, dim): r_0 = x; at level q the index i_q = argmin_k ‖r_q − C_q[k]‖² and
+r_{q+1} = r_q − C_q[i_q]. The reconstruction is x̂ = Σ_q C_q[i_q], summed in level order by
+``decode_indices`` on both the sender and the receiver, so they agree bit for bit. The forward
+returns x̂ with a straight-through gradient (identity to x) and the commitment loss
+β · mean_tokens ‖x − sg(x̂)‖², which the sender adds to its loss.
+
+Codebook learning, on the sender only, in training mode:
+- k-means initialisation (Lloyd, ``kmeans_iters`` iterations) of level 0 on the first training batch,
+  then of level q on the residuals left by levels < q; starting centroids are drawn by a
+  ``torch.Generator`` seeded from (seed, step, level), so a fixed seed gives a fixed codebook.
+- EMA (VQ-VAE style, without Laplace smoothing): with n_k the batch count and s_k the batch sum of the
+  residuals assigned to code k, N_k ← γ N_k + (1−γ) n_k, S_k ← γ S_k + (1−γ) s_k, and C_k ← S_k / N_k
+  *for codes used in the batch only*. An unused code keeps its vector (S_k / N_k is unchanged by the
+  common decay), so a batch changes only the rows it touched and deltas stay sparse.
+- Dead codes: an unused code whose EMA count falls below ``dead_threshold`` × (mean EMA count) is
+  replaced by a random residual of the batch (a seeded generator picks them) and given the mean count.
+
+Update timing. The statistics of training batch t are applied at the start of training forward t+1
+(or by ``apply_pending_update()``). So after a forward the codebook is exactly the one that produced
+its indices, ``version`` names it, and a sync message built after the forward (codebook_sync.py) lets
+the receiver decode that batch. ``version`` increases by one whenever the codebook changes (init, EMA
+update, replacement); ``changed_mask`` / ``changed_rows`` give the rows of the latest change. Do not
+wrap this module in activation checkpointing: a recomputed forward would update the codebook twice.
+
+Why not vector-quantize-pytorch: its codebook synchronisation (EMA statistics, k-means init, dead-code
+sampling) all-reduces / broadcasts on the WORLD group by default, while a pipeline boundary needs
+sender-side-only EMA plus an explicit, versioned, byte-counted stream to a single receiver. This module
+contains no torch.distributed; keep its buffers in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from slimpar.codecs.quant import straight_through
+
+_POOL_PURPOSE = 1000  # generator stream offset for dead-code candidate sampling
+
+
+def nearest_code(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+    """Index of the nearest codebook row for every row of x: argmin_k ‖x − C[k]‖². (N, D), (K, D) -> (N,)."""
+    # ‖x‖² is constant per row and dropped; the (N, K) matrix is the dominant cost.
+    dist = (codebook * codebook).sum(1) - 2.0 * (x @ codebook.t())  # (N, K)
+    return dist.argmin(1)
+
+
+def decode_indices(codebooks: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Σ_q codebooks[q, indices[..., q]] in level order, float32. (Q, K, D), (..., Q) -> (..., D)."""
+    levels, _, dim = codebooks.shape
+    if indices.shape[-1] != levels:
+        raise ValueError(f"indices end in {indices.shape[-1]} levels, codebooks have {levels}")
+    flat = indices.reshape(-1, levels)  # (N, Q)
+    out = torch.zeros(flat.shape[0], dim, dtype=torch.float32, device=codebooks.device)  # (N, D)
+    for q in range(levels):
+        out = out + codebooks[q].float().index_select(0, flat[:, q])
+    return out.reshape(*indices.shape[:-1], dim)
+
+
+def kmeans(x: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Lloyd's k-means on x (N, D); starting centroids are k rows of x drawn with ``generator``.
+
+    Returns (centroids (k, D), counts (k,), sums (k, D)) where counts/sums describe the last assignment
+    and each non-empty centroid is its cluster mean; an empty cluster keeps its previous centroid.
+    """
+    n = x.shape[0]
+    if n >= k:
+        start = torch.randperm(n, generator=generator)[:k]
+    else:
+        start = torch.randint(n, (k,), generator=generator)
+    centroids = x[start.to(x.device)].clone()  # (k, D)
+    for _ in range(iters):
+        assign = nearest_code(x, centroids)  # (N,)
+        counts = torch.bincount(assign, minlength=k).float()  # (k,)
+        sums = torch.zeros_like(centroids).index_add_(0, assign, x)  # (k, D)
+        nonempty = counts > 0
+        centroids = torch.where(nonempty[:, None], sums / counts.clamp_min(1.0)[:, None], centroids)
+    return centroids, counts, sums
+
+
+class ResidualVQ(nn.Module):
+    """Q-level residual VQ with sender-side EMA codebooks, dead-code replacement and a version counter."""
+
+    def __init__(
+        self,
+        dim: int,
+        levels: int,
+        codebook_size: int,
+        decay: float = 0.99,
+        commitment: float = 0.25,
+        dead_threshold: float = 0.01,
+        kmeans_iters: int = 10,
+        seed: int = 0,
+        eps: float = 1e-6,
+    ):
+        super().__init__()
+        if dim < 1 or levels < 1 or codebook_size < 2:
+            raise ValueError(
+                f"need dim >= 1, levels >= 1, codebook_size >= 2; got {dim}, {levels}, {codebook_size}"
+            )
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must lie in [0, 1), got {decay}")
+        if kmeans_iters < 1 or dead_threshold < 0:
+            raise ValueError("kmeans_iters must be >= 1 and dead_threshold >= 0")
+        self.dim, self.levels, self.codebook_size = dim, levels, codebook_size
+        self.decay, self.commitment, self.dead_threshold = decay, commitment, dead_threshold
+        self.kmeans_iters, self.seed, self.eps = kmeans_iters, seed, eps
+        shape = (levels, codebook_size)
+        self.register_buffer("codebooks", torch.zeros(*shape, dim))  # (Q, K, D)
+        self.register_buffer("cluster_size", torch.zeros(*shape))  # (Q, K) EMA counts N_k
+        self.register_buffer("embed_sum", torch.zeros(*shape, dim))  # (Q, K, D) EMA sums S_k
+        # Statistics of the last training batch, applied at the next training forward.
+        self.register_buffer("pending_counts", torch.zeros(*shape))  # (Q, K)
+        self.register_buffer("pending_sums", torch.zeros(*shape, dim))  # (Q, K, D)
+        self.register_buffer("pending_pool", torch.zeros(*shape, dim))  # (Q, K, D) dead-code candidates
+        self.register_buffer("changed", torch.zeros(*shape, dtype=torch.bool), persistent=False)
+        self.version = 0  # bumped on every codebook change
+        self.steps = 0  # training forwards seen; seeds the generators
+        self.initialized = False
+        self.has_pending = False
+
+    # -- public API -------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., dim) -> (quantized (..., dim) in x.dtype, indices (..., Q) int64, commit_loss scalar)."""
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"last dimension {x.shape[-1]} != dim {self.dim}")
+        flat = x.detach().reshape(-1, self.dim).float()  # (N, D)
+        if self.training:
+            with torch.no_grad():
+                if not self.initialized:
+                    self.init_codebooks(flat)
+                else:
+                    self.apply_pending_update()
+        elif not self.initialized:
+            raise RuntimeError("ResidualVQ is not initialised: run a training forward or init_codebooks()")
+        with torch.no_grad():
+            idx = self._assign(flat, collect=self.training)  # (N, Q)
+            q = decode_indices(self.codebooks, idx)  # (N, D) float32
+        commit = self.commitment * (x.reshape(-1, self.dim).float() - q).pow(2).sum(-1).mean()
+        if self.training:
+            self.steps += 1
+        quantized = straight_through(x, q.reshape(x.shape))
+        return quantized, idx.reshape(*x.shape[:-1], self.levels), commit
+
+    def decode(self, indices: torch.Tensor) -> torch.Tensor:
+        """Reconstruction (..., dim) float32 from indices (..., Q); equals forward's quantized value."""
+        return decode_indices(self.codebooks, indices)
+
+    @torch.no_grad()
+    def init_codebooks(self, x: torch.Tensor) -> None:
+        """k-means every level in turn on the residuals of x (..., dim); sets version += 1."""
+        residual = x.detach().reshape(-1, self.dim).float().clone()  # (N, D)
+        for q in range(self.levels):
+            centroids, counts, sums = kmeans(
+                residual, self.codebook_size, self.kmeans_iters, self._generator(q)
+            )
+            self.codebooks[q].copy_(centroids)
+            self.cluster_size[q].copy_(counts)
+            self.embed_sum[q].copy_(sums)
+            residual -= centroids[nearest_code(residual, centroids)]
+        self.initialized, self.has_pending = True, False
+        self._mark_changed(torch.ones_like(self.changed))
+
+    @torch.no_grad()
+    def set_codebooks(self, codebooks: torch.Tensor, cluster_size: torch.Tensor | None = None) -> None:
+        """Install codebooks (Q, K, dim) with EMA counts (Q, K) (default 1); S_k = N_k C_k; version += 1."""
+        self.codebooks.copy_(codebooks)
+        self.cluster_size.copy_(torch.ones_like(self.cluster_size) if cluster_size is None else cluster_size)
+        self.embed_sum.copy_(self.codebooks * self.cluster_size[..., None])
+        self.initialized, self.has_pending = True, False
+        self._mark_changed(torch.ones_like(self.changed))
+
+    @torch.no_grad()
+    def apply_pending_update(self) -> bool:
+        """Apply the EMA update and dead-code replacement of the last training batch; True if rows changed."""
+        if not self.has_pending:
+            return False
+        changed = torch.zeros_like(self.changed)  # (Q, K)
+        for q in range(self.levels):
+            changed[q] = self._ema_level(q)
+        self.has_pending = False
+        if bool(changed.any()):
+            self._mark_changed(changed)
+            return True
+        return False
+
+    @property
+    def changed_mask(self) -> torch.Tensor:
+        """(Q, K) bool: rows changed by the latest codebook change (the one that set ``version``)."""
+        return self.changed.clone()
+
+    def changed_rows(self, level: int) -> torch.Tensor:
+        """Row ids (int64) of level ``level`` changed by the latest codebook change."""
+        return self.changed[level].nonzero().squeeze(1)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "steps": self.steps,
+            "initialized": self.initialized,
+            "has_pending": self.has_pending,
+        }
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.version, self.steps = int(state["version"]), int(state["steps"])
+        self.initialized, self.has_pending = bool(state["initialized"]), bool(state["has_pending"])
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, levels={self.levels}, codebook_size={self.codebook_size}, decay={self.decay}, "
+            f"commitment={self.commitment}, dead_threshold={self.dead_threshold}, seed={self.seed}"
+        )
+
+    # -- internals --------------------------------------------------------------------------------
+    def _assign(self, flat: torch.Tensor, collect: bool) -> torch.Tensor:
+        """Greedy residual assignment (N, D) -> (N, Q); with ``collect`` record the EMA statistics."""
+        residual = flat  # (N, D)
+        idx = torch.empty(flat.shape[0], self.levels, dtype=torch.int64, device=flat.device)  # (N, Q)
+        for q in range(self.levels):
+            i = nearest_code(residual, self.codebooks[q])  # (N,)
+            idx[:, q] = i
+            if collect:
+                self._collect(q, residual, i)
+            residual = residual - self.codebooks[q].index_select(0, i)
+        self.has_pending = self.has_pending or collect
+        return idx
+
+    def _collect(self, q: int, residual: torch.Tensor, assign: torch.Tensor) -> None:
+        """Batch counts n_k, sums s_k and K random candidate residuals for level q."""
+        n, k = residual.shape[0], self.codebook_size
+        self.pending_counts[q].copy_(torch.bincount(assign, minlength=k).float())
+        self.pending_sums[q].zero_().index_add_(0, assign, residual)
+        if n == 0:
+            return
+        gen = self._generator(_POOL_PURPOSE + q)
+        pick = torch.randperm(n, generator=gen)[:k] if n >= k else torch.randint(n, (k,), generator=gen)
+        self.pending_pool[q].copy_(residual[pick.to(residual.device)])
+
+    def _ema_level(self, q: int) -> torch.Tensor:
+        """EMA update of level q from the pending statistics, then dead-code replacement; (K,) changed."""
+        counts = self.pending_counts[q]  # (K,)
+        size = self.cluster_size[q].mul_(self.decay).add_(counts, alpha=1.0 - self.decay)  # (K,)
+        sums = self.embed_sum[q].mul_(self.decay).add_(self.pending_sums[q], alpha=1.0 - self.decay)  # (K, D)
+        used = counts > 0
+        self.codebooks[q][used] = sums[used] / size[used].clamp_min(self.eps)[:, None]
+        mean_size = size.sum() / self.codebook_size
+        dead = ~used & (size < self.dead_threshold * mean_size)
+        rows = dead.nonzero().squeeze(1)  # (n_dead,)
+        if rows.numel():
+            fresh = self.pending_pool[q][: rows.numel()]  # the pool is already in random order
+            self.codebooks[q][rows] = fresh
+            self.cluster_size[q][rows] = mean_size
+            self.embed_sum[q][rows] = fresh * mean_size
+        return used | dead
+
+    def _mark_changed(self, mask: torch.Tensor) -> None:
+        self.changed.copy_(mask)
+        self.version += 1
+
+    def _generator(self, purpose: int) -> torch.Generator:
+        """CPU generator seeded by (seed, steps, purpose): randomness is a pure function of them."""
+        g = torch.Generator()
+        g.manual_seed(((self.seed * 1_000_003 + self.steps) * 65_537 + purpose) % (1 << 63))
+        return g

@@ -1,0 +1,81 @@
+"""Build the pieces of a run from its config: data, model, loss, optimizer and schedule."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from slimpar.train.config import Config
+
+
+def build_data(cfg: Config):
+    """TextData or ImageData, both with ``train_batch(step, rank, world, global_batch)``-style APIs."""
+    if cfg.data.kind == "text":
+        from slimpar.data.text import build_text_data
+
+        return build_text_data(cfg.data, seed=cfg.train.seed)
+    from slimpar.data.images import ImageData
+
+    return ImageData(cfg.data.image_set, image_dir=cfg.data.image_dir, augment=cfg.data.augment,
+                     seed=cfg.train.seed)
+
+
+def build_model(cfg: Config, data=None) -> nn.Module:
+    """The full single-device model, initialised from ``train.seed`` (identical on every rank)."""
+    torch.manual_seed(cfg.train.seed)
+    m = cfg.model
+    if m.arch == "llama":
+        from slimpar.models.llama import Llama, LlamaConfig
+
+        vocab = data.vocab_size if data is not None else None
+        return Llama(LlamaConfig.from_run(cfg, vocab_size=vocab))
+    num_classes = data.num_classes if data is not None else m.num_classes
+    channels = data.channels if data is not None else m.in_channels
+    if m.arch in ("resnet18", "wrn18"):
+        from slimpar.models import resnet
+
+        ctor = resnet.resnet18 if m.arch == "resnet18" else resnet.wrn18
+        return ctor(num_classes=num_classes, in_channels=channels)
+    from slimpar.models.swin import Swin, SwinConfig
+
+    size = data.size if data is not None else 32
+    return Swin(SwinConfig.tiny(img_size=size, in_channels=channels, num_classes=num_classes))
+
+
+def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy for (B, T, V) LM logits or (B, C) class logits."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+
+def build_optimizer(named_params: list[tuple[str, nn.Parameter]], cfg: Config) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not on norms, biases or 1-D scales)."""
+    t = cfg.train
+    decay = [p for _, p in named_params if p.dim() >= 2]
+    no_decay = [p for _, p in named_params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8)
+
+
+def lr_at(step: int, cfg: Config, total_steps: int) -> float:
+    """Linear warm-up to ``train.lr``, then cosine decay to ``lr * min_lr_ratio`` at the last step."""
+    t = cfg.train
+    if step < t.warmup_steps:
+        return t.lr * (step + 1) / t.warmup_steps
+    span = max(total_steps - t.warmup_steps, 1)
+    progress = min((step - t.warmup_steps) / span, 1.0)
+    floor = t.lr * t.min_lr_ratio
+    return floor + 0.5 * (t.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def total_steps(cfg: Config) -> int:
+    """Steps of the run; FLOP-matched SDP runs 1/keep times as many."""
+    if cfg.parallel.mode == "sdp" and cfg.sdp.flop_matched:
+        keeps = cfg.sdp.keep_per_worker or [cfg.sdp.keep]
+        return int(round(cfg.train.steps / (sum(keeps) / len(keeps))))
+    return cfg.train.steps

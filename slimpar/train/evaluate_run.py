@@ -1,0 +1,31 @@
+"""``slimpar eval --run DIR``: evaluate the exported full model of a finished run in one process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slimpar.train.config import ConfigError, load_config
+
+
+def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict:
+    """Rebuild the run's model from ``config.toml``, load ``model.safetensors``, evaluate every split."""
+    cfg_path, weights = run_dir / "config.toml", run_dir / "model.safetensors"
+    for p in (cfg_path, weights):
+        if not p.is_file():
+            raise ConfigError(f"{p} not found: --run must be a finished `slimpar train` folder with an export "
+                              "(checkpoint.export = true)")
+    cfg = load_config(cfg_path, ["--parallel.mode", "single", "--parallel.workers", "1"] + (overrides or []))
+    from slimpar.parallel.strategy import Strategy
+    from slimpar.train.build import build_data, build_model
+    from slimpar.train.checkpoint import load_safetensors
+    from slimpar.train.evaluate import evaluate
+
+    data = build_data(cfg)
+    model = build_model(cfg, data)
+    model.load_state_dict(load_safetensors(weights), strict=True)
+    results = evaluate(Strategy(model), data, cfg, rank=0, world=1)
+    (run_dir / "eval.json").write_text(json.dumps(results, indent=2))
+    for k, v in results.items():
+        print(f"{k:>28s}  {v:.4f}")
+    return results

@@ -1,0 +1,95 @@
+"""Per-rank memory accounting: parameters, gradients, optimizer state, activations, peaks.
+
+Bytes are counted by unique storage, so views (FSDP2 gradients inside one reduce-scatter buffer,
+DDP gradients as bucket views, tied embeddings) count once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # DTensor -> this rank's shard
+
+
+def storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
+    """data_ptr -> nbytes of the unique storages behind ``tensors``."""
+    out: dict[int, int] = {}
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor):
+            continue
+        st = _local(t).untyped_storage()
+        if st.nbytes():
+            out[st.data_ptr()] = st.nbytes()
+    return out
+
+
+def param_storages(module: torch.nn.Module) -> dict[int, int]:
+    return storages(module.parameters())
+
+
+def grad_storages(module: torch.nn.Module) -> dict[int, int]:
+    return storages(p.grad for p in module.parameters() if p.grad is not None)
+
+
+def optimizer_storages(opt: torch.optim.Optimizer) -> dict[int, int]:
+    return storages(t for state in opt.state.values() for t in tree_leaves(state) if isinstance(t, torch.Tensor)
+                    and t.dim() > 0)
+
+
+def buffer_storages(module: torch.nn.Module) -> dict[int, int]:
+    return storages(module.buffers())
+
+
+class SavedActivations:
+    """Bytes of tensors autograd saves for backward (``saved_tensors_hooks``), parameters excluded."""
+
+    def __init__(self, exclude: Iterable[int]):
+        self.exclude = set(exclude)
+        self.seen: dict[int, int] = {}
+
+    def _pack(self, t: torch.Tensor):
+        local = _local(t)
+        st = local.untyped_storage()
+        if st.data_ptr() not in self.exclude and st.nbytes():
+            self.seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    @contextlib.contextmanager
+    def record(self) -> Iterator[None]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.seen.values())
+
+
+def reset_peak_rss() -> int | None:
+    """Reset VmHWM to the current RSS (Linux) and return that RSS in bytes."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return _status_kib("VmRSS")
+
+
+def peak_rss() -> int | None:
+    return _status_kib("VmHWM")
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

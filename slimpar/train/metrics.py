@@ -1,0 +1,101 @@
+"""Run outputs: ``metrics.jsonl`` (one line per logged step), ``summary.json`` and the closing table."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MEM_KINDS = ("params", "grads", "optimizer", "activations", "buffers", "peak_live", "peak_rss_delta")
+
+
+class MetricsWriter:
+    """Appends JSON lines; only rank 0 writes."""
+
+    def __init__(self, out_dir: Path, enabled: bool):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.enabled = enabled
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def git_commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, str]:
+    import numpy
+
+    import slimpar
+
+    return {"slimpar": slimpar.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
+            "python": platform.python_version(), "machine": f"{platform.machine()} {platform.system()}",
+            "cpus": str(torch.get_num_threads())}
+
+
+def median_step_time(times: list[float], warmup: int = 2) -> float | None:
+    steady = times[warmup:] if len(times) > warmup else times
+    return statistics.median(steady) if steady else None
+
+
+def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Max over ranks for memory, mean over ranks for bytes; keeps each rank's numbers too."""
+    mem = {k: max(r["mem"].get(k) or 0 for r in per_rank) for k in per_rank[0]["mem"]}
+    comm = [r["comm_bytes"] for r in per_rank]
+    wire = [r["wire_bytes"] for r in per_rank if r["wire_bytes"] is not None]
+    return {
+        "peak_mem_bytes": mem.get("peak_live"),
+        "mem_breakdown": mem,
+        "comm_bytes_per_step": sum(comm) / len(comm),
+        "wire_bytes_per_step": (sum(wire) / len(wire)) if wire else None,
+        "per_rank": per_rank,
+    }
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def print_summary(summary: dict[str, Any], extra_rows: list[tuple[str, str]] | None = None) -> None:
+    """The closing table of ``slimpar train`` (rank 0)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"slimpar run summary ({summary['mode']}, {summary['world_size']} workers)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [("steps", str(summary["steps"])), ("train loss", f"{summary['train_loss']:.4f}")]
+    for k, v in summary.items():
+        if k.startswith("val") and isinstance(v, float):
+            rows.append((k.replace("_", " "), f"{v:.4f}"))
+    mem = summary["mem_breakdown"]
+    rows += [("peak memory / worker (live tensors)", fmt_bytes(summary["peak_mem_bytes"]))]
+    rows += [(f"  {k}", fmt_bytes(mem.get(k))) for k in ("params", "grads", "optimizer", "activations")]
+    rows += [("  peak RSS increase in step (cross-check)", fmt_bytes(mem.get("peak_rss_delta")))]
+    rows += [("bytes / step / worker (collectives)", fmt_bytes(summary["comm_bytes_per_step"])),
+             ("bytes / step / worker (written to wire)", fmt_bytes(summary.get("wire_bytes_per_step")))]
+    st = summary.get("step_time_s")
+    rows += [("step time (median)", f"{st * 1000:.1f} ms" if st else "-"),
+             ("tokens or samples / s", f"{summary['tokens_per_s']:.0f}" if summary.get("tokens_per_s") else "-")]
+    for name, value in rows + (extra_rows or []):
+        table.add_row(name, value)
+    Console().print(table)

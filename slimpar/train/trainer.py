@@ -1,0 +1,263 @@
+"""The training loop: build → parallelize → (resume) → steps → evaluate → checkpoint → summary.
+
+One code path from 1 to N ranks: with a single process every collective is skipped. Step ``log.measure_step``
+runs under :class:`~slimpar.parallel.comm.StepInstrument` for exact memory and byte accounting; the
+other steps are timed without instrumentation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+from slimpar.parallel.ac import apply_ac, model_blocks
+from slimpar.parallel.comm import StepInstrument, wire_bytes_written
+from slimpar.train import memory
+from slimpar.train.build import build_data, build_model, build_optimizer, loss_fn, lr_at, total_steps
+from slimpar.train.checkpoint import export_safetensors, latest_checkpoint, load_checkpoint, save_checkpoint
+from slimpar.train.config import Config, to_dict
+from slimpar.train.evaluate import evaluate
+from slimpar.train.metrics import (
+    MetricsWriter,
+    git_commit,
+    median_step_time,
+    merge_ranks,
+    print_summary,
+    versions,
+)
+from slimpar.train.worker import RunContext
+
+
+def build_strategy(cfg: Config, model, ctx: RunContext):
+    """Apply parallelism from outside, in a fixed order: subnetwork → activation checkpointing → wrapper."""
+    from slimpar.parallel.strategy import DDPStrategy, FSDPStrategy, Strategy
+
+    mode = cfg.parallel.mode
+    if mode == "sdp":
+        from slimpar.sdp.strategy import build_sdp_strategy
+
+        return build_sdp_strategy(cfg, model, ctx)
+    if cfg.train.activation_checkpointing:
+        apply_ac(model_blocks(model))
+    model.to(ctx.device)
+    if mode == "ddp":
+        return DDPStrategy(model, ctx.group)
+    if mode == "fsdp":
+        return FSDPStrategy(model, model_blocks(model))
+    return Strategy(model, ctx.group)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, ctx: RunContext):
+        self.cfg, self.ctx = cfg, ctx
+        self.writer = MetricsWriter(ctx.out_dir, enabled=ctx.is_main)
+        self.step_times: list[float] = []
+        self.losses: list[float] = []
+        self.measured: dict | None = None
+
+    # ----------------------------------------------------------------- setup
+    def _build(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        if ctx.group is not None and not ctx.is_main:
+            dist.barrier(group=ctx.group)  # rank 0 builds tokenizer and token caches first
+        self.data = build_data(cfg)
+        if ctx.group is not None and ctx.is_main:
+            dist.barrier(group=ctx.group)
+        model = build_model(cfg, self.data)
+        self.strategy = build_strategy(cfg, model, ctx)
+        self.optimizer = build_optimizer(self.strategy.named_parameters(), cfg)
+        self.total = total_steps(cfg)
+        self.start = 0
+        if cfg.checkpoint.resume:
+            path = latest_checkpoint(ctx.out_dir)
+            if path is not None:
+                self.start = load_checkpoint(path, self.strategy.module, self.optimizer, ctx.group)
+
+    # ------------------------------------------------------------------ step
+    def _batch(self, step: int, micro: int):
+        cfg, ctx = self.cfg, self.ctx
+        acc, dp_rank, dp_world = cfg.train.grad_accum, self._dp_rank(), self._dp_world()
+        if cfg.data.kind == "text":
+            x, y = self.data.train_batch(step, dp_rank * acc + micro, dp_world * acc, cfg.train.batch_size,
+                                         cfg.data.seq_len)
+        else:
+            x, y = self.data.train_batch(step, dp_rank * acc + micro, dp_world * acc, cfg.train.batch_size)
+        return x.to(ctx.device), y.to(ctx.device)
+
+    def _dp_rank(self) -> int:
+        return getattr(self.strategy, "dp_rank", self.ctx.rank)
+
+    def _dp_world(self) -> int:
+        return getattr(self.strategy, "dp_world", self.ctx.world)
+
+    def _forward_backward(self, step: int, saved: memory.SavedActivations | None) -> float:
+        cfg, s = self.cfg, self.strategy
+        acc = cfg.train.grad_accum
+        total = 0.0
+        for micro in range(acc):
+            x, y = self._batch(step, micro)
+            sync = contextlib.nullcontext() if micro == acc - 1 else s.no_sync()
+            record = saved.record() if saved is not None else contextlib.nullcontext()
+            with sync, record, self._autocast():
+                loss = loss_fn(s.module(x), y) / acc
+            with sync:
+                loss.backward()
+            total += float(loss.detach())
+        return total
+
+    def _autocast(self):
+        if self.cfg.train.dtype == "bf16":
+            return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _step(self, step: int, instrument: StepInstrument | None = None,
+              saved: memory.SavedActivations | None = None) -> tuple[float, float]:
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr_at(step, self.cfg, self.total)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._forward_backward(step, saved)
+        self.strategy.after_backward()
+        gnorm = self.strategy.clip_grad_norm(self.cfg.train.grad_clip) if self.cfg.train.grad_clip else 0.0
+        self.optimizer.step()
+        self.strategy.after_step()
+        return loss, gnorm
+
+    def _measured_step(self, step: int) -> tuple[float, float]:
+        """One step under exact accounting of memory and communication (see parallel/comm.py)."""
+        model = self.strategy.model
+        static = {**memory.param_storages(model), **memory.optimizer_storages(self.optimizer),
+                  **memory.buffer_storages(model), **memory.grad_storages(model)}
+        saved = memory.SavedActivations(exclude=memory.param_storages(model))
+        rss0, wire0 = memory.reset_peak_rss(), wire_bytes_written()
+        with StepInstrument() as inst:
+            loss, gnorm = self._step(step, inst, saved)
+        wire1, rss_peak = wire_bytes_written(), memory.peak_rss()
+        grads = memory.grad_storages(model)
+        persistent = {k: n for k, n in grads.items() if k not in inst.allocated and k not in static}
+        self.measured = {
+            "mem": {
+                "params": sum(memory.param_storages(model).values()),
+                "grads": sum(grads.values()),
+                "optimizer": sum(memory.optimizer_storages(self.optimizer).values()),
+                "buffers": sum(memory.buffer_storages(model).values()),
+                "activations": saved.bytes,
+                "peak_live": sum(static.values()) + sum(persistent.values()) + inst.peak,
+                "peak_rss_delta": (rss_peak - rss0) if rss0 is not None and rss_peak is not None else None,
+            },
+            "comm_bytes": inst.comm_bytes,
+            "comm_by_op": dict(inst.comm),
+            "comm_calls": dict(inst.calls),
+            "wire_bytes": (wire1 - wire0) if wire0 is not None and wire1 is not None else None,
+            **self.strategy.extra_metrics(),
+        }
+        return loss, gnorm
+
+    # ------------------------------------------------------------------- run
+    def run(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        self._build()
+        progress = _Progress(ctx.is_main and cfg.log.progress, self.start, self.total)
+        measure_at = max(min(cfg.log.measure_step, self.total - 1), self.start)
+        for step in range(self.start, self.total):
+            t0 = time.perf_counter()
+            if step == measure_at:
+                loss, gnorm = self._measured_step(step)
+            else:
+                loss, gnorm = self._step(step)
+                self.step_times.append(time.perf_counter() - t0)
+            if hasattr(self.strategy, "end_of_step"):
+                self.strategy.end_of_step(step)
+            self._after_step(step, loss, gnorm, progress)
+        progress.close()
+        self._finish()
+
+    def _mean_over_ranks(self, value: float) -> float:
+        if self.ctx.group is None:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, group=self.ctx.group)
+        return float(t) / self.ctx.world
+
+    def _after_step(self, step: int, loss: float, gnorm: float, progress) -> None:
+        cfg, done = self.cfg, step + 1
+        last = done == self.total
+        if done % cfg.log.every == 0 or last:
+            mean_loss = self._mean_over_ranks(loss)
+            self.losses.append(mean_loss)
+            record = {"step": done, "loss": mean_loss, "lr": lr_at(step, cfg, self.total), "grad_norm": gnorm,
+                      "step_time_s": self.step_times[-1] if self.step_times else None}
+            if cfg.eval.every and done % cfg.eval.every == 0 and not last:
+                record.update(evaluate(self.strategy, self.data, cfg, self.ctx.rank, self.ctx.world, self.ctx.group))
+            record.update(self.strategy.step_metrics() if hasattr(self.strategy, "step_metrics") else {})
+            self.writer.write(record)
+            progress.update(done, mean_loss)
+        else:
+            progress.update(done, None)
+        if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and not last:
+            save_checkpoint(self.ctx.out_dir, done, self.strategy.module, self.optimizer, self.ctx.rank, self.ctx.group)
+
+    def _finish(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        results = evaluate(self.strategy, self.data, cfg, ctx.rank, ctx.world, ctx.group)
+        if cfg.checkpoint.final and self.start < self.total:
+            save_checkpoint(ctx.out_dir, self.total, self.strategy.module, self.optimizer, ctx.rank, ctx.group)
+        full = self.strategy.full_state_dict() if cfg.checkpoint.export else None
+        per_rank = [self.measured] * 1
+        if ctx.group is not None:
+            per_rank = [None] * ctx.world
+            dist.all_gather_object(per_rank, self.measured, group=ctx.group)
+        if ctx.is_main:
+            self._write_outputs(results, per_rank, full)
+
+    def _write_outputs(self, results: dict, per_rank: list, full) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        st = median_step_time(self.step_times)
+        per_step_items = cfg.train.batch_size * (cfg.data.seq_len if cfg.data.kind == "text" else 1)
+        summary = {
+            "mode": cfg.parallel.mode,
+            "train_loss": self.losses[-1] if self.losses else float("nan"),
+            **results,
+            **(merge_ranks(per_rank) if per_rank and per_rank[0] is not None else {}),
+            "step_time_s": st,
+            "tokens_per_s": per_step_items / st if st else None,
+            "world_size": ctx.world,
+            "steps": self.total,
+            "config": to_dict(cfg),
+            "git_commit": git_commit(),
+            "versions": versions(),
+        }
+        if cfg.data.kind == "text":
+            summary["val_bits_per_byte"] = results.get("val_bits_per_byte")
+        if full is not None:
+            export_safetensors(full, ctx.out_dir / "model.safetensors",
+                               {"config": json.dumps(to_dict(cfg)), "step": str(self.total)})
+        (ctx.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        if cfg.log.progress:
+            print_summary(summary, getattr(self.strategy, "summary_rows", lambda s: [])(summary))
+
+
+class _Progress:
+    """A rich progress bar on rank 0 (no-op elsewhere)."""
+
+    def __init__(self, enabled: bool, start: int, total: int):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn())
+            self.bar.start()
+            self.task = self.bar.add_task("train", total=total, completed=start, loss="-")
+
+    def update(self, done: int, loss: float | None) -> None:
+        if self.bar is not None:
+            fields = {"loss": f"{loss:.3f}"} if loss is not None else {}
+            self.bar.update(self.task, completed=done, **fields)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,163 @@
+"""ResidualVQ against brute force and hand computations; bf16/int8 baseline codecs against their bounds."""
+
+import pytest
+import torch
+
+from slimpar.codecs.quant import Bf16Codec, Int8Codec, fake_bf16, fake_quant_int8
+from slimpar.codecs.rvq import ResidualVQ
+
+
+def gaussian(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def trained_rvq(levels: int = 3, k: int = 16, dim: int = 8, seed: int = 0) -> tuple[ResidualVQ, torch.Tensor]:
+    rvq = ResidualVQ(dim, levels, k, seed=seed)
+    x = gaussian(4, 32, dim, seed=1)  # (B, T, D)
+    rvq.train()
+    rvq(x)
+    return rvq, x
+
+
+def test_level0_indices_are_brute_force_nearest():
+    rvq, x = trained_rvq()
+    rvq.eval()
+    _, idx, _ = rvq(x)
+    flat = x.reshape(-1, 8).double()
+    dist = ((flat[:, None, :] - rvq.codebooks[0].double()[None]) ** 2).sum(-1)  # (N, K)
+    assert torch.equal(idx[..., 0].reshape(-1), dist.argmin(1))
+    # deeper levels: nearest code to the residual left by the previous levels
+    residual = flat - rvq.codebooks[0].double()[idx[..., 0].reshape(-1)]
+    dist1 = ((residual[:, None, :] - rvq.codebooks[1].double()[None]) ** 2).sum(-1)
+    assert torch.equal(idx[..., 1].reshape(-1), dist1.argmin(1))
+
+
+def test_quantized_is_sum_of_selected_codes_hand_example():
+    rvq = ResidualVQ(dim=2, levels=2, codebook_size=2)
+    rvq.set_codebooks(torch.tensor([[[0.0, 0.0], [4.0, 0.0]], [[1.0, 1.0], [-1.0, 0.0]]]))
+    rvq.eval()
+    x = torch.tensor([[3.0, 1.0], [0.5, -0.2]])
+    # x0 = (3,1): level 0 -> code 1 (4,0); residual (-1,1): to (1,1) dist 4, to (-1,0) dist 1 -> code 1;
+    #   x̂0 = (4,0) + (-1,0) = (3,0)
+    # x1 = (0.5,-0.2): level 0 -> code 0 (0,0); residual (0.5,-0.2): to (1,1) dist 0.25+1.44 = 1.69,
+    #   to (-1,0) dist 2.25+0.04 = 2.29 -> code 0; x̂1 = (0,0) + (1,1) = (1,1)
+    q, idx, _ = rvq(x)
+    assert idx.tolist() == [[1, 1], [0, 0]]
+    assert torch.equal(q, torch.tensor([[3.0, 0.0], [1.0, 1.0]]))
+    assert torch.equal(rvq.decode(idx), q)
+
+
+def test_straight_through_gradient_is_identity():
+    rvq, x = trained_rvq()
+    x = x.clone().requires_grad_(True)
+    w = gaussian(*x.shape, seed=5)
+    q, _, _ = rvq(x)
+    (q * w).sum().backward()
+    assert torch.equal(x.grad, w)
+
+
+def test_commitment_loss_value():
+    rvq, x = trained_rvq()
+    rvq.eval()
+    q, _, loss = rvq(x)
+    expected = 0.25 * ((x - q) ** 2).sum(-1).mean()
+    torch.testing.assert_close(loss, expected)
+
+
+def test_ema_update_hand_computed():
+    rvq = ResidualVQ(dim=2, levels=1, codebook_size=2, decay=0.5, dead_threshold=0.0)
+    rvq.set_codebooks(torch.tensor([[[0.0, 0.0], [10.0, 10.0]]]), cluster_size=torch.tensor([[2.0, 2.0]]))
+    v0 = rvq.version
+    rvq.train()
+    _, idx, _ = rvq(torch.tensor([[1.0, 1.0], [3.0, 1.0], [9.0, 9.0]]))
+    assert idx[:, 0].tolist() == [0, 0, 1] and rvq.version == v0  # update is applied at the next forward
+    assert rvq.apply_pending_update()
+    # N = 0.5*[2,2] + 0.5*[2,1] = [2, 1.5]; S = 0.5*[[0,0],[20,20]] + 0.5*[[4,2],[9,9]] = [[2,1],[14.5,14.5]]
+    torch.testing.assert_close(rvq.cluster_size, torch.tensor([[2.0, 1.5]]))
+    torch.testing.assert_close(rvq.codebooks, torch.tensor([[[1.0, 0.5], [14.5 / 1.5, 14.5 / 1.5]]]))
+    assert rvq.version == v0 + 1 and rvq.changed_mask.tolist() == [[True, True]]
+
+
+def test_unused_codes_keep_their_rows():
+    rvq = ResidualVQ(dim=1, levels=1, codebook_size=3, decay=0.9, dead_threshold=0.0)
+    rvq.set_codebooks(torch.tensor([[[0.0], [5.0], [9.0]]]))
+    rvq.train()
+    rvq(torch.tensor([[0.2], [4.0]]))
+    rvq.apply_pending_update()
+    assert rvq.codebooks[0, 2].item() == 9.0 and rvq.changed_rows(0).tolist() == [0, 1]
+
+
+def test_dead_code_replaced_by_batch_residual():
+    rvq = ResidualVQ(dim=2, levels=1, codebook_size=3, decay=0.5, dead_threshold=0.5)
+    rvq.set_codebooks(torch.tensor([[[0.0, 0.0], [1.0, 1.0], [100.0, 100.0]]]))
+    batch = torch.tensor([[0.1, 0.0], [0.0, 0.2], [0.9, 1.0], [1.1, 1.2]])
+    rvq.train()
+    rvq(batch)
+    rvq.apply_pending_update()
+    # N = [1.5, 1.5, 0.5]; mean 3.5/3; 0.5 < 0.5 * 3.5/3 -> code 2 is dead
+    new = rvq.codebooks[0, 2]
+    assert any(torch.equal(new, row) for row in batch)
+    assert rvq.changed_rows(0).tolist() == [0, 1, 2]
+    torch.testing.assert_close(rvq.cluster_size[0, 2], torch.tensor(3.5 / 3))
+
+
+def test_error_decreases_with_more_levels():
+    rvq, x = trained_rvq(levels=4, k=8)
+    rvq.eval()
+    _, idx, _ = rvq(x)
+    errors = []
+    for q in range(1, 5):
+        recon = sum(rvq.codebooks[lv][idx[..., lv]] for lv in range(q))  # first q levels only
+        errors.append(((x - recon) ** 2).sum(-1).mean().item())
+    assert all(a > b for a, b in zip(errors, errors[1:], strict=False)), errors
+
+
+def test_kmeans_init_is_deterministic_per_seed():
+    a, _ = trained_rvq(seed=7)
+    b, _ = trained_rvq(seed=7)
+    c, _ = trained_rvq(seed=8)
+    assert torch.equal(a.codebooks, b.codebooks)
+    assert not torch.equal(a.codebooks, c.codebooks)
+
+
+def test_state_dict_round_trip_keeps_version():
+    a, x = trained_rvq()
+    b = ResidualVQ(8, 3, 16)
+    b.load_state_dict(a.state_dict())
+    assert b.version == a.version and b.initialized and b.has_pending
+    a(x), b(x)
+    assert torch.equal(a.codebooks, b.codebooks)
+
+
+# -- baseline codecs -------------------------------------------------------------------------------
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16])
+def test_int8_error_bound_and_size(scale_dtype: torch.dtype):
+    codec = Int8Codec(scale_dtype)
+    x = gaussian(3, 5, 16, seed=2) * torch.tensor([1e-3, 1.0, 50.0]).view(3, 1, 1)
+    x[0, 0] = 0.0  # all-zero row
+    payload = codec.encode(x)
+    xhat = codec.decode(payload)
+    scale = payload.scale.float()
+    assert payload.values.dtype == torch.int8 and int(payload.values.abs().max()) <= 127
+    assert torch.all((xhat - x).abs() <= scale / 2 + 1e-7 * x.abs())
+    assert torch.equal(xhat[0, 0], torch.zeros(16))
+    scale_bytes = 4 if scale_dtype == torch.float32 else 2
+    assert payload.nbytes() == codec.payload_nbytes(x.shape) == 3 * 5 * 16 + 15 * scale_bytes
+
+
+def test_bf16_error_bound_and_size():
+    codec = Bf16Codec()
+    x = gaussian(4, 32, seed=3) * 10
+    payload = codec.encode(x)
+    assert payload.numel() * payload.element_size() == codec.payload_nbytes(x.shape) == 256
+    assert torch.all((codec.decode(payload) - x).abs() <= x.abs() * 2.0**-8)
+
+
+@pytest.mark.parametrize("fake", [fake_bf16, fake_quant_int8])
+def test_fake_quant_straight_through(fake):
+    x = gaussian(2, 3, 8, seed=4).requires_grad_(True)
+    w = gaussian(2, 3, 8, seed=6)
+    y = fake(x)
+    (y * w).sum().backward()
+    assert torch.equal(x.grad, w)
+    assert not torch.equal(y.detach(), x.detach())
