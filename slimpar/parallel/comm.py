@@ -56,6 +56,15 @@ def _group_name(args) -> str:
     return "pg"
 
 
+def _storage_key(t: torch.Tensor) -> int | None:
+    """data_ptr of the storage, or None for storages Python cannot address (e.g. ones FSDP2 resized
+    to zero bytes between all-gathers)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
+
+
 class StepInstrument(TorchDispatchMode):
     """Peak of newly allocated live storage and bytes entering collectives during a ``with`` block."""
 
@@ -84,12 +93,15 @@ class StepInstrument(TorchDispatchMode):
                 self.comm[key] += _nbytes(args[idx])
                 self.calls[key] += 1
         out = func(*args, **kwargs)
-        inputs = {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor)}
+        inputs = {k for k in (_storage_key(t) for t in leaves if isinstance(t, torch.Tensor)) if k is not None}
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                 continue
+            key = _storage_key(t)
+            if key is None:
+                continue
             st = t.untyped_storage()
-            key, n = st.data_ptr(), st.nbytes()
+            n = st.nbytes()
             if n and key not in inputs and key not in self.allocated:
                 self.allocated.add(key)
                 self.live += n

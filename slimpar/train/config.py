@@ -67,6 +67,7 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute each block's activations in backward
     dtype: str = "fp32"  # fp32 | bf16 (autocast, GPU only)
     seed: int = 0  # seeds init, data order and masks
+    stop_after: int = 0  # end this invocation (with a checkpoint) after this step; 0 = run to train.steps
 
 
 @dataclass

@@ -162,7 +162,8 @@ class Trainer:
         self._build()
         progress = _Progress(ctx.is_main and cfg.log.progress, self.start, self.total)
         measure_at = max(min(cfg.log.measure_step, self.total - 1), self.start)
-        for step in range(self.start, self.total):
+        end = min(cfg.train.stop_after, self.total) if cfg.train.stop_after else self.total
+        for step in range(self.start, end):
             t0 = time.perf_counter()
             if step == measure_at:
                 loss, gnorm = self._measured_step(step)
@@ -173,6 +174,9 @@ class Trainer:
                 self.strategy.end_of_step(step)
             self._after_step(step, loss, gnorm, progress)
         progress.close()
+        if end < self.total:  # a planned stop: save and leave the rest to --resume
+            save_checkpoint(ctx.out_dir, end, self.strategy.module, self.optimizer, ctx.rank, ctx.group)
+            return
         self._finish()
 
     def _mean_over_ranks(self, value: float) -> float:

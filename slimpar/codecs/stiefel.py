@@ -1,0 +1,165 @@
+"""Stiefel-manifold math: the matrix sign (orthogonal polar factor), tangent projection, diagnostics.
+
+St(d, r) = {A ∈ ℝ^{d×r} : AᵀA = I_r}, d ≥ r (METHODS.md Part 2, step 2; research/mapl.md §1.3, §3).
+
+``msign(X) = X (XᵀX)^{-1/2} = U Vᵀ`` for X = U Σ Vᵀ is the orthogonal polar factor. Two backends:
+
+- ``polar_express``: the Polar Express iteration (Amsel, Persson, Musco, Gower, arXiv 2505.16932) with
+  the coefficient table pinned in METHODS.md, run in fp32. Matmuls only, so it suits accelerators.
+- ``eigh``: the exact polar factor through the small r×r Gram matrix, ``torch.linalg.eigh`` in float64.
+  Costs O(d r² + r³), trivial for r ≪ d.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+# Polar Express coefficients (a_t, b_t, c_t) of p_t(x) = a x + b x³ + c x⁵, copied from METHODS.md
+# Part 2 (authoritative; the authors' repository HEAD generates a different list, so they are pinned).
+_PE_TABLE: tuple[tuple[float, float, float], ...] = (
+    (8.28721201814563, -23.595886519098837, 17.300387312530933),
+    (4.107059111542203, -2.9478499167379106, 0.5448431082926601),
+    (3.9486908534822946, -2.908902115962949, 0.5518191394370137),
+    (3.3184196573706015, -2.488488024314874, 0.51004894012372),
+    (2.300652019954817, -1.6689039845747493, 0.4188073119525673),
+    (1.891301407787398, -1.2679958271945868, 0.37680408948524835),
+    (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
+)
+# Row used for every t ≥ 8: p(x) = (15x − 10x³ + 3x⁵)/8 has p(1) = 1, p'(1) = p''(1) = 0 (cubic convergence).
+_PE_FINAL: tuple[float, float, float] = (1.875, -1.25, 0.375)
+_PE_SAFETY = 1.01
+
+# Default iteration count: the 7 tabulated rows plus 3 cubic-convergence steps. Measured in fp32:
+# retraction inputs A − ηD (σ ∈ [1, √(1+η²)]) reach the fp32 floor at step 8 (‖QᵀQ − I‖_F ≤ 2.5e-6 up to
+# 2048×256); inputs with κ = 1e3 need 9–10 steps once r ≥ 64, because the Frobenius normalisation pushes
+# σ_min/‖X‖_F below the table's 1e-3 design floor; 10 steps give ≤ 3.5e-6 up to 1024×256, κ = 1e3.
+DEFAULT_POLAR_STEPS = 10
+
+BACKENDS = ("polar_express", "eigh")
+
+
+def polar_express_coefficients(steps: int) -> list[tuple[float, float, float]]:
+    """The (a_t, b_t, c_t) for t = 1..steps: table rows divided by (1.01, 1.01³, 1.01⁵), then the final row.
+
+    The safety rescaling (arXiv 2505.16932; METHODS.md Part 2) keeps rounding from pushing singular
+    values past the interval the next polynomial was designed for; the final row is left unscaled so the
+    fixed point stays exactly at σ = 1.
+    """
+    s = _PE_SAFETY
+    rows = [(a / s, b / s**3, c / s**5) for (a, b, c) in _PE_TABLE]
+    rows += [_PE_FINAL] * max(0, steps - len(rows))
+    return rows[:steps]
+
+
+def polar_express(X: Tensor, steps: int = DEFAULT_POLAR_STEPS) -> Tensor:
+    """msign(X) by Polar Express in fp32 (arXiv 2505.16932; METHODS.md Part 2, step 2).
+
+    X ← X / (1.01 ‖X‖_F + 1e-7) puts every singular value in [0, 1/1.01]; then for t = 1..steps,
+    with S = X Xᵀ the Gram of the short side, X ← a_t X + (b_t S + c_t S²) X, i.e. each singular value
+    σ ↦ p_t(σ) while the singular vectors stay fixed. The table is designed for normalised singular
+    values in [1e-3, 1]; smaller ones need extra final-row steps; exact zeros stay 0 (p_t is odd).
+
+    Accepts (..., m, n) with any m, n; returns float32 of the same shape.
+    """
+    if X.ndim < 2:
+        raise ValueError(f"polar_express needs a matrix (..., m, n), got shape {tuple(X.shape)}")
+    Y = X.to(torch.float32)
+    tall = Y.shape[-2] > Y.shape[-1]
+    if tall:
+        Y = Y.mT  # (..., n, m): rows on the short side so S is the small Gram
+    norm = torch.linalg.matrix_norm(Y, ord="fro", keepdim=True)  # (..., 1, 1)
+    Y = Y / (norm * _PE_SAFETY + 1e-7)
+    for a, b, c in polar_express_coefficients(steps):
+        S = Y @ Y.mT  # (..., k, k), k = min(m, n)
+        B = b * S + c * (S @ S)  # (..., k, k)
+        Y = a * Y + B @ Y
+    return Y.mT if tall else Y
+
+
+def polar_eigh(X: Tensor) -> Tensor:
+    """Exact msign(X) = X (XᵀX)^{-1/2} through the eigendecomposition of the small Gram, in float64.
+
+    With XᵀX = V diag(λ) Vᵀ (n×n for tall X; the wide case is handled on the transpose),
+    msign(X) = X V diag(λ^{-1/2}) Vᵀ. Eigenvalues below λ_max · tol (tol covers float64 ``eigh``
+    error and the input dtype's rounding) are treated as zero singular values and mapped to 0
+    — sign(0) = 0 — instead of being amplified. Returns the input dtype (float32 for non-float input).
+    """
+    if X.ndim < 2:
+        raise ValueError(f"polar_eigh needs a matrix (..., m, n), got shape {tuple(X.shape)}")
+    out_dtype = X.dtype if X.is_floating_point() else torch.float32
+    Y = X.to(torch.float64)
+    wide = Y.shape[-2] < Y.shape[-1]
+    if wide:
+        Y = Y.mT  # (..., n, m) tall
+    m = Y.shape[-2]
+    lam, V = torch.linalg.eigh(Y.mT @ Y)  # lam (..., n) ascending, V (..., n, n)
+    eps_in = torch.finfo(out_dtype).eps
+    tol = max(m * torch.finfo(torch.float64).eps, (m * eps_in) ** 2)
+    cutoff = lam[..., -1:].clamp_min(0.0) * tol  # (..., 1)
+    keep = lam > cutoff
+    safe = lam.clamp_min(torch.finfo(torch.float64).tiny)
+    inv_sqrt = torch.where(keep, safe.rsqrt(), torch.zeros_like(lam))  # (..., n)
+    Q = Y @ (V * inv_sqrt.unsqueeze(-2)) @ V.mT  # (..., m, n)
+    return (Q.mT if wide else Q).to(out_dtype)
+
+
+def msign(X: Tensor, backend: str = "polar_express", steps: int = DEFAULT_POLAR_STEPS) -> Tensor:
+    """Matrix sign / orthogonal polar factor U Vᵀ of X = U Σ Vᵀ with the chosen backend.
+
+    ``backend="polar_express"`` (fp32, ``steps`` iterations) or ``"eigh"`` (exact, float64 inside).
+    """
+    if backend == "polar_express":
+        return polar_express(X, steps=steps)
+    if backend == "eigh":
+        return polar_eigh(X)
+    raise ValueError(f"unknown msign backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+
+def sym(X: Tensor) -> Tensor:
+    """Symmetric part (X + Xᵀ)/2 of a square matrix (batched over leading dims)."""
+    return 0.5 * (X + X.mT)
+
+
+def tangent_project(A: Tensor, M: Tensor) -> Tensor:
+    """Euclidean-metric projection of M onto the tangent space of St(d, r) at A: M − A sym(AᵀM).
+
+    The result Ξ satisfies AᵀΞ + ΞᵀA = 0; projecting twice equals projecting once when AᵀA = I.
+    """
+    return M - A @ sym(A.mT @ M)  # (d, r) − (d, r)(r, r)
+
+
+def orth_error(A: Tensor) -> float:
+    """‖AᵀA − I‖_F in float64 (the Gram of the short side, so wide A gives ‖AAᵀ − I‖_F).
+
+    For batched input (..., d, r) the maximum over the batch is returned.
+    """
+    Y = A.detach().to(torch.float64)
+    G = Y.mT @ Y if Y.shape[-2] >= Y.shape[-1] else Y @ Y.mT  # (..., k, k)
+    eye = torch.eye(G.shape[-1], dtype=torch.float64, device=G.device)
+    return float(torch.linalg.matrix_norm(G - eye, ord="fro").max())
+
+
+def random_stiefel(
+    d: int, r: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """A Haar-random point of St(d, r): Q of the QR of a d×r Gaussian, columns sign-fixed so diag(R) > 0.
+
+    The sign fix makes the result a deterministic function of the Gaussian (Householder QR leaves
+    column signs arbitrary) and the distribution exactly Haar. QR runs in float64.
+    """
+    if not 0 < r <= d:
+        raise ValueError(f"St(d, r) needs 0 < r <= d, got d={d}, r={r}")
+    device = generator.device if generator is not None else None
+    G = torch.randn(d, r, generator=generator, dtype=torch.float64, device=device)  # (d, r)
+    Q, R = torch.linalg.qr(G, mode="reduced")  # (d, r), (r, r)
+    signs = torch.sign(torch.diagonal(R))
+    signs = torch.where(signs == 0, torch.ones_like(signs), signs)
+    return (Q * signs).to(dtype).contiguous()  # LAPACK returns Q column-major
+
+
+def identity_stiefel(d: int, r: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The first r columns of I_d, a point of St(d, r)."""
+    if not 0 < r <= d:
+        raise ValueError(f"St(d, r) needs 0 < r <= d, got d={d}, r={r}")
+    return torch.eye(d, r, dtype=dtype)

@@ -1,0 +1,206 @@
+"""SPEL (spectral descent on the Stiefel manifold) for Stiefel parameter groups, AdamW for the rest.
+
+SPEL, per A ∈ St(d, r) (METHODS.md Part 2, step 2; research/mapl.md §1.3; Yang & Lai, arXiv 2601.21487):
+
+    G = ∂L/∂A;  M ← βM + (1−β)G                      momentum
+    ξ = M − A·sym(AᵀM)                                tangent projection (Euclidean metric)
+    D = msign(ξ) = ξ(ξᵀξ)^{-1/2}                     spectral steepest direction, ‖D‖₂ = 1
+    A ← msign(A − ηD)                                retraction onto St(d, r) (polar factor)
+
+η is a spectral step length (a rotation budget per step), not an Adam-like learning rate. msign is
+Polar Express (arXiv 2505.16932) in fp32 or the exact small-Gram ``eigh`` polar factor
+(slimpar.codecs.stiefel). Unlike some peers (e.g. NVIDIA Emerging-Optimizers' ``Spel``) we keep the
+tangent projection, as METHODS.md specifies.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from slimpar.codecs.stiefel import BACKENDS, DEFAULT_POLAR_STEPS, msign, orth_error, tangent_project
+
+# ξ counts as zero when ‖ξ‖_F ≤ TANGENT_RTOL·‖M‖_F: at that level the tangent part is fp32 rounding
+# and ‖AᵀA − I‖ noise, and msign would turn the noise into a full-length (‖D‖₂ = 1) step.
+TANGENT_RTOL = 1e-6
+
+
+@torch.no_grad()
+def spel_step(
+    A: Tensor,
+    grad: Tensor,
+    momentum_buf: Tensor,
+    lr: float,
+    beta: float,
+    backend: str = "polar_express",
+    polar_steps: int = DEFAULT_POLAR_STEPS,
+) -> None:
+    """One SPEL update of A (d×r, d ≥ r) in place; ``momentum_buf`` (d×r, fp32) is updated in place.
+
+    M ← βM + (1−β)G;  ξ = M − A sym(AᵀM);  A ← msign(A − η msign(ξ)). If ξ is (near) zero — see
+    ``TANGENT_RTOL`` — only the momentum moves. The result is a deterministic function of the
+    values of (A, grad, momentum_buf) and the hyperparameters — whatever their memory layouts — so
+    ranks sharing A apply bit-identical updates (same torch build, BLAS and thread count assumed).
+    """
+    if A.ndim != 2 or A.shape[0] < A.shape[1]:
+        raise ValueError(f"SPEL needs A of shape (d, r) with d >= r, got {tuple(A.shape)}")
+    momentum_buf.mul_(beta).add_(grad.to(momentum_buf.dtype), alpha=1.0 - beta)
+    # Contiguous copies: BLAS picks different kernels (and roundings) for different memory layouts,
+    # so normalising the layout makes the result a function of the values alone.
+    M = momentum_buf.to(torch.float32).contiguous()  # (d, r)
+    A32 = A.to(torch.float32).contiguous()  # (d, r)
+    xi = tangent_project(A32, M)  # (d, r)
+    if float(torch.linalg.matrix_norm(xi)) <= TANGENT_RTOL * float(torch.linalg.matrix_norm(M)):
+        return
+    D = msign(xi, backend=backend, steps=polar_steps)  # (d, r), singular values ≈ 1
+    A.copy_(msign(A32 - lr * D, backend=backend, steps=polar_steps))
+
+
+@torch.no_grad()
+def adamw_step(
+    p: Tensor,
+    grad: Tensor,
+    state: dict[str, Any],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """One AdamW update (Loshchilov & Hutter), the same arithmetic as ``torch.optim.AdamW``.
+
+    p ← p(1 − η λ);  m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²;
+    p ← p − (η / (1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε).
+    """
+    if not state:
+        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    beta1, beta2 = betas
+    state["step"] += 1
+    step = float(state["step"].item())
+    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    p.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    step_size = lr / (1 - beta1**step)
+    bias_correction2_sqrt = math.sqrt(1 - beta2**step)
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    p.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+class SPELAdamW(Optimizer):
+    """SPEL on parameter groups marked ``{"manifold": "stiefel"}``, AdamW on every other group.
+
+    Stiefel groups read ``lr`` (η, spectral step length), ``momentum`` (β), ``backend``
+    ("polar_express" | "eigh") and ``polar_steps``; ``betas``, ``eps`` and ``weight_decay`` do not
+    apply to them (the manifold constraint replaces weight decay). Other groups use ``lr``, ``betas``,
+    ``eps``, ``weight_decay`` exactly as ``torch.optim.AdamW`` (decoupled decay, bias correction).
+
+    Purely local: no communication. Where two ranks share a Stiefel parameter they sum its gradient
+    first (the caller's job) and then apply the same deterministic update.
+
+    After each ``step()``: ``last_orth_error`` = max over Stiefel parameters of ‖AᵀA − I‖_F, and
+    ``last_spel_seconds`` = wall time spent in the SPEL updates (synchronised on CUDA).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        momentum: float = 0.95,
+        backend: str = "polar_express",
+        polar_steps: int = DEFAULT_POLAR_STEPS,
+    ) -> None:
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            backend=backend,
+            polar_steps=polar_steps,
+            manifold=None,
+        )
+        self.last_orth_error = 0.0
+        self.last_spel_seconds = 0.0
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group and validate it (Stiefel groups: 2-D parameters with d ≥ r, known backend)."""
+        super().add_param_group(param_group)
+        _validate_group(self.param_groups[-1])
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """Apply SPEL to Stiefel groups and AdamW to the others; parameters without a gradient are skipped."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        stiefel = [g for g in self.param_groups if g["manifold"] == "stiefel"]
+        for group in self.param_groups:
+            if group["manifold"] != "stiefel":
+                self._adamw_group(group)
+        self.last_spel_seconds = self._timed_spel(stiefel)
+        errors = [orth_error(p) for g in stiefel for p in g["params"]]
+        self.last_orth_error = max(errors, default=0.0)
+        return loss
+
+    def _adamw_group(self, group: dict[str, Any]) -> None:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("SPELAdamW does not support sparse gradients")
+            adamw_step(p, p.grad, self.state[p], group["lr"], group["betas"], group["eps"], group["weight_decay"])
+
+    def _timed_spel(self, groups: list[dict[str, Any]]) -> float:
+        start = time.perf_counter()
+        devices: set[torch.device] = set()
+        for group in groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum" not in state:
+                    state["momentum"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                spel_step(
+                    p,
+                    p.grad,
+                    state["momentum"],
+                    group["lr"],
+                    group["momentum"],
+                    group["backend"],
+                    group["polar_steps"],
+                )
+                devices.add(p.device)
+        for device in devices:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+
+def _validate_group(group: dict[str, Any]) -> None:
+    manifold = group["manifold"]
+    if manifold not in (None, "stiefel"):
+        raise ValueError(f"unknown manifold {manifold!r}; use 'stiefel' or leave it unset")
+    if manifold != "stiefel":
+        return
+    if group["backend"] not in BACKENDS:
+        raise ValueError(f"unknown SPEL backend {group['backend']!r}; choose from {', '.join(BACKENDS)}")
+    if not 0.0 <= group["momentum"] < 1.0:
+        raise ValueError(f"SPEL momentum must be in [0, 1), got {group['momentum']}")
+    if group["polar_steps"] < 1:
+        raise ValueError(f"polar_steps must be >= 1, got {group['polar_steps']}")
+    for p in group["params"]:
+        if p.ndim != 2 or p.shape[0] < p.shape[1]:
+            raise ValueError(f"Stiefel parameters must be (d, r) with d >= r, got shape {tuple(p.shape)}")

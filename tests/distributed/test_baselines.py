@@ -1,0 +1,54 @@
+"""DDP, FSDP2 and activation checkpointing against a single process, through ``slimpar train``.
+
+Every run trains the tiny LLaMA on Shakespeare for a few steps with the same global batch; the
+losses must agree step for step (fp32, up to reduction order).
+"""
+
+import pytest
+
+from tests.helpers import losses, run_train, summary
+
+STEPS = ["--train.steps", "6", "--eval.batches", "2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("baselines")
+    out = {}
+    for name, extra in {
+        "single": [],
+        "ddp": ["--parallel.mode", "ddp", "--parallel.workers", "2"],
+        "fsdp_ac": ["--parallel.mode", "fsdp", "--parallel.workers", "2", "--train.activation_checkpointing", "true"],
+    }.items():
+        run_train(root / name, *STEPS, *extra)
+        out[name] = root / name
+    return out
+
+
+def test_ddp_two_workers_equals_single_process(runs):
+    assert losses(runs["ddp"]) == pytest.approx(losses(runs["single"]), rel=1e-5)
+    assert summary(runs["ddp"])["val_loss"] == pytest.approx(summary(runs["single"])["val_loss"], rel=1e-5)
+
+
+def test_fsdp2_with_checkpointing_equals_ddp(runs):
+    assert losses(runs["fsdp_ac"]) == pytest.approx(losses(runs["ddp"]), rel=1e-5)
+
+
+def test_accounting_matches_hand_counts(runs):
+    single, ddp, fsdp = (summary(runs[k]) for k in ("single", "ddp", "fsdp_ac"))
+    params = single["mem_breakdown"]["params"]
+    assert single["comm_bytes_per_step"] == 0
+    assert single["mem_breakdown"]["grads"] == params
+    assert single["mem_breakdown"]["optimizer"] == 2 * params  # AdamW: exp_avg and exp_avg_sq
+    # DDP all-reduces every gradient once per step: exactly the parameter bytes per rank
+    assert ddp["comm_bytes_per_step"] == params
+    assert ddp["mem_breakdown"]["params"] == params
+    # FSDP2 holds half of the parameters, gradients and optimizer state on each of two ranks
+    assert fsdp["mem_breakdown"]["params"] == pytest.approx(params / 2, rel=0.01)
+    assert fsdp["mem_breakdown"]["optimizer"] == pytest.approx(params, rel=0.01)
+    assert fsdp["mem_breakdown"]["activations"] < ddp["mem_breakdown"]["activations"] / 2
+    for s in (single, ddp, fsdp):
+        assert s["peak_mem_bytes"] >= sum(s["mem_breakdown"][k] for k in ("params", "optimizer"))
+    for key in ("train_loss", "val_loss", "val_bits_per_byte", "peak_mem_bytes", "mem_breakdown", "comm_bytes_per_step",
+                "step_time_s", "tokens_per_s", "world_size", "steps", "config", "git_commit", "versions"):
+        assert key in ddp, key

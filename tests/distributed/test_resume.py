@@ -1,0 +1,36 @@
+"""Checkpoint/resume: 10 steps, stop, resume for 10 more == 20 straight steps; export and eval."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from slimpar.train.checkpoint import load_safetensors
+from tests.helpers import ROOT, losses, run_train, summary
+
+ARGS = ["--train.steps", "20", "--eval.batches", "2", "--data.ood", "none"]
+
+
+def test_resume_continues_exactly(tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run_train(straight, *ARGS)
+    run_train(split, *ARGS, "--train.stop_after", "10")
+    assert len(losses(split)) == 10 and not (split / "summary.json").exists()
+    run_train(split, *ARGS, resume=True)
+    assert losses(split) == losses(straight)
+    assert summary(split)["val_loss"] == summary(straight)["val_loss"]
+
+
+def test_export_loads_and_evaluates(tmp_path):
+    out = tmp_path / "run"
+    run_train(out, "--train.steps", "3", "--eval.batches", "2", "--data.ood", "none")
+    state = load_safetensors(out / "model.safetensors")
+    assert state["output.weight"] is state["tok_embeddings.weight"]  # tied weight stored once
+    proc = subprocess.run([sys.executable, "-m", "slimpar", "eval", "--run", str(out)], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    evaluated = json.loads((out / "eval.json").read_text())
+    assert evaluated["val_loss"] == pytest.approx(summary(out)["val_loss"], rel=1e-6)
+    assert all(torch.isfinite(v).all() for v in state.values())

@@ -1,0 +1,33 @@
+"""Helpers for tests that run ``slimpar`` in subprocesses (local gloo workers) with hard timeouts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "llama_tiny.toml"
+
+
+def run_train(out: Path, *overrides: str, config: Path = TINY, timeout: int = 240, resume: bool = False,
+              check: bool = True) -> subprocess.CompletedProcess:
+    """``slimpar train`` in a fresh interpreter; fails the test with the output on error or time-out."""
+    cmd = [sys.executable, "-m", "slimpar", "train", "--config", str(config), "--out", str(out), *overrides]
+    if resume:
+        cmd.append("--resume")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
