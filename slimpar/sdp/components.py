@@ -1,0 +1,274 @@
+"""Maskable components of a model for Subnetwork Data Parallelism (METHODS.md Part 1, sdp.md §1.3).
+
+A component is the unit that a mask column switches on or off on a worker:
+- block level (B-SDP): one whole residual block (``layers.3``, ``blocks.5``);
+- neuron level (N-SDP): a contiguous group of hidden units of one block. For a SwiGLU FFN unit h
+  is row h of w1 and w3 and column h of w2; for a ResNet BasicBlock channel h is out-channel h of
+  conv1, bn1[h] (weight, bias, running stats) and in-channel h of conv2.
+
+Everything that is not in a component (embeddings, head, norms on the residual stream, attention
+at neuron level, stems, non-maskable blocks) is *shared*: held and averaged by every worker.
+Tied parameters are counted once (``named_parameters`` de-duplicates them; the first name wins).
+Extraction is duck-typed and pure: it reads module structure and shapes, never communicates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+Level = Literal["block", "neuron"]
+
+
+class PlanError(ValueError):
+    """A plan (components, keep fractions, mask) that cannot be built; the message says why."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """One maskable unit. ``params`` are fully qualified (canonical, de-tied) parameter names.
+
+    At neuron level ``index`` is the [start, stop) slice of hidden units and ``dims[j]`` the axis
+    of ``params[j]`` that the slice cuts (``buffer_dims`` likewise for ``buffers``); at block
+    level ``index`` is None and the component owns its parameters whole.
+    """
+
+    name: str
+    param_bytes: int  # bytes of the owned parameters (or slices) in their stored dtype
+    flops: int  # forward FLOPs per token (per image for convnets), 2 x multiply-adds, approximate
+    params: tuple[str, ...]
+    index: tuple[int, int] | None = None
+    layer: str = ""
+    dims: tuple[int, ...] = ()
+    buffers: tuple[str, ...] = ()
+    buffer_dims: tuple[int, ...] = ()
+    numel: int | None = None  # owned elements; None means param_bytes // 4 (fp32 assumed)
+
+    @property
+    def elements(self) -> int:
+        """Number of parameter elements owned (what a gradient of this component holds)."""
+        return self.numel if self.numel is not None else self.param_bytes // 4
+
+
+Extraction = tuple[list[Component], list[str], int]
+
+
+def split_units(n_units: int, groups: int) -> list[tuple[int, int]]:
+    """Contiguous [start, stop) groups of ``n_units``; the first ``n_units % groups`` get one extra."""
+    if groups < 1:
+        raise PlanError(f"neuron groups must be >= 1, got {groups}")
+    if groups > n_units:
+        raise PlanError(f"{groups} neuron groups requested but the layer has only {n_units} hidden units")
+    base, extra = divmod(n_units, groups)
+    bounds, start = [], 0
+    for g in range(groups):
+        stop = start + base + (1 if g < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def _canonical_params(model: nn.Module) -> dict[str, nn.Parameter]:
+    return dict(model.named_parameters())  # tied parameters appear once, under their first name
+
+
+def _nbytes(p: torch.Tensor) -> int:
+    return p.numel() * p.element_size()
+
+
+def _under(names: dict[str, torch.Tensor], prefix: str) -> list[str]:
+    return [n for n in names if n.startswith(prefix + ".")]
+
+
+def _shared(model: nn.Module, components: list[Component]) -> Extraction:
+    """Shared = canonical parameters no component touches. Neuron groups partition the hidden units,
+    so a sliced tensor is owned entirely by its layer's groups and never shared."""
+    params = _canonical_params(model)
+    owned = {n for c in components for n in c.params}
+    shared = [n for n in params if n not in owned]
+    return components, shared, sum(_nbytes(params[n]) for n in shared)
+
+
+def _slice_size(t: torch.Tensor, dim: int, start: int, stop: int) -> int:
+    return t.numel() // t.shape[dim] * (stop - start)
+
+
+def _block_dict(model: nn.Module, attr: str) -> nn.ModuleDict:
+    blocks = getattr(model, attr, None)
+    if not isinstance(blocks, nn.ModuleDict):
+        raise PlanError(f"{type(model).__name__} has no nn.ModuleDict `{attr}` of blocks")
+    return blocks
+
+
+def _maskable(block: nn.Module) -> bool:
+    return bool(getattr(block, "maskable", True))
+
+
+def _block_component(model: nn.Module, prefix: str, extra_flops: int = 0,
+                     positions: dict[str, int] | None = None) -> Component:
+    """A whole block: its canonical parameters and buffers. FLOPs = 2 x weight elements (x output
+    positions of each conv when known) + ``extra_flops`` (e.g. attention scores)."""
+    params = _canonical_params(model)
+    names = _under(params, prefix)
+    buffers = _under(dict(model.named_buffers()), prefix)
+    flops = extra_flops
+    for n in names:
+        p = params[n]
+        if p.dim() >= 2:
+            pos = (positions or {}).get(n.rsplit(".", 1)[0], 1)
+            flops += 2 * p.numel() * pos
+    numel = sum(params[n].numel() for n in names)
+    return Component(name=prefix, param_bytes=sum(_nbytes(params[n]) for n in names), flops=flops,
+                     params=tuple(names), layer=prefix, buffers=tuple(buffers), numel=numel)
+
+
+def _neuron_component(model: nn.Module, layer: str, name: str, index: tuple[int, int],
+                      params: list[tuple[str, int]], buffers: list[tuple[str, int]],
+                      positions: dict[str, int] | None = None) -> Component:
+    """A slice [start, stop) of hidden units across the given (param name, axis) pairs."""
+    table = _canonical_params(model)
+    nbytes = numel = flops = 0
+    for pname, dim in params:
+        p = table[pname]
+        n = _slice_size(p, dim, *index)
+        numel += n
+        nbytes += n * p.element_size()
+        if p.dim() >= 2:
+            flops += 2 * n * (positions or {}).get(pname.rsplit(".", 1)[0], 1)
+    return Component(name=name, param_bytes=nbytes, flops=flops, params=tuple(p for p, _ in params),
+                     index=index, layer=layer, dims=tuple(d for _, d in params),
+                     buffers=tuple(b for b, _ in buffers), buffer_dims=tuple(d for _, d in buffers),
+                     numel=numel)
+
+
+def _attention_flops(model: nn.Module) -> int:
+    """Per-token attention-score FLOPs of one LLaMA block: QK^T and AV over T/2 keys on average
+    (causal), each T/2 x dim multiply-adds -> 2 * T * dim FLOPs; 0 when the config is unknown."""
+    cfg = getattr(model, "cfg", None)
+    seq, dim = getattr(cfg, "max_seq_len", 0), getattr(cfg, "dim", 0)
+    return 2 * seq * dim
+
+
+def llama_components(model: nn.Module, level: Level = "block", groups: int = 4) -> Extraction:
+    """Components of a LLaMA-style model with blocks in ``model.layers`` (ModuleDict).
+
+    block: one component per maskable ``layers.{i}``. neuron: per layer, ``groups`` contiguous
+    groups of the SwiGLU hidden units ("layers.{i}.ffn.g{j}"), owning rows of
+    ``feed_forward.w1``/``w3`` and columns of ``feed_forward.w2``. Returns (components, shared
+    parameter names, shared bytes).
+    """
+    blocks = _block_dict(model, "layers")
+    comps: list[Component] = []
+    for key, block in blocks.items():
+        if not _maskable(block):
+            continue
+        prefix = f"layers.{key}"
+        if level == "block":
+            comps.append(_block_component(model, prefix, extra_flops=_attention_flops(model)))
+        elif level == "neuron":
+            ffn = f"{prefix}.feed_forward"
+            d_ff = block.feed_forward.w1.weight.shape[0]
+            pairs = [(f"{ffn}.w1.weight", 0), (f"{ffn}.w3.weight", 0), (f"{ffn}.w2.weight", 1)]
+            for g, idx in enumerate(split_units(d_ff, groups)):
+                comps.append(_neuron_component(model, prefix, f"{prefix}.ffn.g{g}", idx, pairs, []))
+        else:
+            raise PlanError(f"unknown component level {level!r}; choose 'block' or 'neuron'")
+    return _shared(model, comps)
+
+
+def conv_positions(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, int]:
+    """Output positions (H x W) of every Conv2d for one input of ``input_shape``, found by a
+    no-grad forward in eval mode (running statistics untouched; the training flag is restored)."""
+    positions: dict[str, int] = {}
+    hooks = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Conv2d):
+            def record(_m: nn.Module, _inp: tuple, out: torch.Tensor, name: str = name) -> None:
+                positions[name] = int(out.shape[-1] * out.shape[-2])
+            hooks.append(mod.register_forward_hook(record))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(input_shape))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return positions
+
+
+def blocks_components(model: nn.Module, attr: str = "blocks",
+                      positions: dict[str, int] | None = None) -> Extraction:
+    """Block-level components of a model whose blocks sit in ``model.<attr>`` (ModuleDict); blocks
+    whose ``maskable`` attribute is False (stems, downsampling stages) stay shared."""
+    comps = [_block_component(model, f"{attr}.{key}", positions=positions)
+             for key, block in _block_dict(model, attr).items() if _maskable(block)]
+    return _shared(model, comps)
+
+
+Pairs = list[tuple[str, int]]
+_CHANNEL_PARAMS = (("conv1.weight", 0), ("conv1.bias", 0), ("bn1.weight", 0), ("bn1.bias", 0),
+                   ("conv2.weight", 1))
+
+
+def _resnet_neuron_pairs(model: nn.Module, prefix: str) -> tuple[Pairs, Pairs]:
+    """(param, axis) and (buffer, axis) pairs that channel h of a BasicBlock's inner width touches."""
+    params, buffers = _canonical_params(model), dict(model.named_buffers())
+    p_pairs = [(f"{prefix}.{n}", d) for n, d in _CHANNEL_PARAMS if f"{prefix}.{n}" in params]
+    b_pairs = [(f"{prefix}.bn1.{n}", 0) for n in ("running_mean", "running_var")
+               if f"{prefix}.bn1.{n}" in buffers]
+    return p_pairs, b_pairs
+
+
+def resnet_components(model: nn.Module, level: Level = "block", groups: int = 4,
+                      input_shape: tuple[int, ...] | None = None) -> Extraction:
+    """ResNet components from ``model.blocks`` (ModuleDict of blocks with ``maskable``).
+
+    block: one component per maskable block. neuron: per maskable BasicBlock, ``groups`` groups of
+    its inner channels ("blocks.{i}.ch.g{j}"): conv1 out-channels, bn1, conv2 in-channels; the
+    shortcut, conv2 out-channels and bn2 stay shared. FLOPs are per image when ``input_shape``
+    (e.g. (1, 3, 32, 32)) is given, else per output position.
+    """
+    positions = conv_positions(model, input_shape) if input_shape is not None else None
+    if level == "block":
+        return blocks_components(model, "blocks", positions)
+    if level != "neuron":
+        raise PlanError(f"unknown component level {level!r}; choose 'block' or 'neuron'")
+    comps: list[Component] = []
+    for key, block in _block_dict(model, "blocks").items():
+        if not _maskable(block):
+            continue
+        if not all(hasattr(block, m) for m in ("conv1", "bn1", "conv2")):
+            raise PlanError(f"blocks.{key} is maskable but has no conv1/bn1/conv2 for channel masking")
+        prefix = f"blocks.{key}"
+        p_pairs, b_pairs = _resnet_neuron_pairs(model, prefix)
+        for g, idx in enumerate(split_units(block.conv1.weight.shape[0], groups)):
+            name = f"{prefix}.ch.g{g}"
+            comps.append(_neuron_component(model, prefix, name, idx, p_pairs, b_pairs, positions))
+    return _shared(model, comps)
+
+
+def swin_components(model: nn.Module) -> Extraction:
+    """Block-level components of a Swin-style model (``model.blocks`` ModuleDict, ``maskable``);
+    FLOPs are 2 x weight elements per token (window-attention scores left out)."""
+    return blocks_components(model, "blocks")
+
+
+def model_components(model: nn.Module, level: Level = "block", groups: int = 4, **kw) -> Extraction:
+    """Dispatch by structure: ``.layers`` -> LLaMA; ``.blocks`` with conv1 -> ResNet; ``.blocks`` -> Swin
+    (block level only)."""
+    if isinstance(getattr(model, "layers", None), nn.ModuleDict):
+        return llama_components(model, level, groups)
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleDict):
+        if any(hasattr(b, "conv1") for b in blocks.values()):
+            return resnet_components(model, level, groups, **kw)
+        if level != "block":
+            raise PlanError(f"{type(model).__name__}: neuron-level components are supported for LLaMA "
+                            "FFNs and ResNet BasicBlocks only")
+        return swin_components(model)
+    raise PlanError(f"{type(model).__name__} has neither a `layers` nor a `blocks` nn.ModuleDict")
