@@ -19,6 +19,7 @@ import weakref
 from collections import defaultdict
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
@@ -46,14 +47,15 @@ def _nbytes(x) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(x) if isinstance(t, torch.Tensor))
 
 
-def _group_name(args) -> str:
+def _group(args):
+    """The ProcessGroup among a c10d op's arguments (ops receive it boxed as a ScriptObject)."""
     for a in args:
         if isinstance(a, torch.ScriptObject):
             try:
-                return str(a.group_name)
-            except Exception:  # noqa: BLE001 - an opaque process group object without a name
-                return "pg"
-    return "pg"
+                return dist.ProcessGroup.unbox(a)
+            except (RuntimeError, TypeError):
+                return None
+    return None
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
@@ -88,8 +90,11 @@ class StepInstrument(TorchDispatchMode):
         if func.namespace == "c10d":
             name = func._schema.name.split("::")[-1]
             idx = _COLLECTIVE_INPUT.get(name)
-            if idx is not None and idx < len(args):
-                key = f"{name}@{_group_name(args)}"
+            pg = _group(args)
+            # a broadcast's bytes enter the collective at its root only; receivers only receive
+            is_receiver = name == "broadcast_" and pg is not None and pg.rank() != args[2]
+            if idx is not None and idx < len(args) and not is_receiver:
+                key = f"{name}@{pg.group_name}x{pg.size()}" if pg is not None else name
                 self.comm[key] += _nbytes(args[idx])
                 self.calls[key] += 1
         out = func(*args, **kwargs)

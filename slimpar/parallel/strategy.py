@@ -47,7 +47,7 @@ class Strategy:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full model's parameters and persistent buffers (every rank calls; rank 0 uses it)."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return dict(self.model.state_dict())  # detached views; tied weights stay one tensor
 
     def clip_grad_norm(self, max_norm: float) -> float:
         return float(torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm))

@@ -193,7 +193,7 @@ def conv_positions(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, 
     model.eval()
     try:
         with torch.no_grad():
-            model(torch.zeros(input_shape))
+            model(torch.zeros(input_shape, device=next(model.parameters()).device))
     finally:
         for h in hooks:
             h.remove()

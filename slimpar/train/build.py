@@ -37,14 +37,14 @@ def build_model(cfg: Config, data=None) -> nn.Module:
     num_classes = data.num_classes if data is not None else m.num_classes
     channels = data.channels if data is not None else m.in_channels
     if m.arch in ("resnet18", "wrn18"):
-        from slimpar.models import resnet
+        from slimpar.models.resnet import ResNet, ResNetConfig
 
-        ctor = resnet.resnet18 if m.arch == "resnet18" else resnet.wrn18
-        return ctor(num_classes=num_classes, in_channels=channels)
+        w = m.width * (2 if m.arch == "wrn18" else 1)
+        return ResNet(ResNetConfig(widths=(w, 2 * w, 4 * w, 8 * w), num_classes=num_classes, in_channels=channels))
     from slimpar.models.swin import Swin, SwinConfig
 
     size = data.size if data is not None else 32
-    return Swin(SwinConfig.tiny(img_size=size, in_channels=channels, num_classes=num_classes))
+    return Swin(SwinConfig.tiny(img_size=size, in_channels=channels, num_classes=num_classes, embed_dim=m.embed_dim))
 
 
 def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,8 @@ class ModelConfig:
     tie_embeddings: bool = True  # share the token embedding with the output head
     num_classes: int = 10  # image models: number of classes
     in_channels: int = 1  # image models: 1 for Fashion-MNIST, 3 for CIFAR
+    width: int = 64  # ResNet: channels of the first stage (64 = ResNet-18; WRN-18 doubles it)
+    embed_dim: int = 48  # Swin: channels of the first stage
 
 
 @dataclass

@@ -41,6 +41,10 @@ def build_strategy(cfg: Config, model, ctx: RunContext):
         from slimpar.sdp.strategy import build_sdp_strategy
 
         return build_sdp_strategy(cfg, model, ctx)
+    if mode == "pipeline":
+        from slimpar.pipeline.strategy import build_pipeline_strategy
+
+        return build_pipeline_strategy(cfg, model, ctx)
     if cfg.train.activation_checkpointing:
         apply_ac(model_blocks(model))
     model.to(ctx.device)
@@ -69,7 +73,9 @@ class Trainer:
             dist.barrier(group=ctx.group)
         model = build_model(cfg, self.data)
         self.strategy = build_strategy(cfg, model, ctx)
-        self.optimizer = build_optimizer(self.strategy.named_parameters(), cfg)
+        make_opt = getattr(self.strategy, "build_optimizer", None)  # e.g. SPEL for Stiefel projectors
+        self.optimizer = make_opt(cfg) if make_opt else build_optimizer(self.strategy.named_parameters(), cfg)
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]  # before a resume overwrites them
         self.total = total_steps(cfg)
         self.start = 0
         if cfg.checkpoint.resume:
@@ -116,10 +122,14 @@ class Trainer:
 
     def _step(self, step: int, instrument: StepInstrument | None = None,
               saved: memory.SavedActivations | None = None) -> tuple[float, float]:
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(step, self.cfg, self.total)
+        scale = lr_at(step, self.cfg, self.total) / self.cfg.train.lr  # warm-up + cosine, per group's base lr
+        for g, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            g["lr"] = base * scale
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self._forward_backward(step, saved)
+        if hasattr(self.strategy, "train_step"):  # pipelines run forward and backward in their schedule
+            loss = self.strategy.train_step(step, self._batch)
+        else:
+            loss = self._forward_backward(step, saved)
         self.strategy.after_backward()
         gnorm = self.strategy.clip_grad_norm(self.cfg.train.grad_clip) if self.cfg.train.grad_clip else 0.0
         self.optimizer.step()
@@ -180,6 +190,8 @@ class Trainer:
         self._finish()
 
     def _mean_over_ranks(self, value: float) -> float:
+        if hasattr(self.strategy, "reduce_loss"):
+            return self.strategy.reduce_loss(value)
         if self.ctx.group is None:
             return value
         t = torch.tensor([value], dtype=torch.float64)
@@ -195,7 +207,7 @@ class Trainer:
             record = {"step": done, "loss": mean_loss, "lr": lr_at(step, cfg, self.total), "grad_norm": gnorm,
                       "step_time_s": self.step_times[-1] if self.step_times else None}
             if cfg.eval.every and done % cfg.eval.every == 0 and not last:
-                record.update(evaluate(self.strategy, self.data, cfg, self.ctx.rank, self.ctx.world, self.ctx.group))
+                record.update(self._evaluate())
             record.update(self.strategy.step_metrics() if hasattr(self.strategy, "step_metrics") else {})
             self.writer.write(record)
             progress.update(done, mean_loss)
@@ -204,9 +216,14 @@ class Trainer:
         if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and not last:
             save_checkpoint(self.ctx.out_dir, done, self.strategy.module, self.optimizer, self.ctx.rank, self.ctx.group)
 
+    def _evaluate(self) -> dict:
+        if hasattr(self.strategy, "evaluate"):
+            return self.strategy.evaluate(self.data, self.cfg)
+        return evaluate(self.strategy, self.data, self.cfg, self.ctx.rank, self.ctx.world, self.ctx.group)
+
     def _finish(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        results = evaluate(self.strategy, self.data, cfg, ctx.rank, ctx.world, ctx.group)
+        results = self._evaluate()
         if cfg.checkpoint.final and self.start < self.total:
             save_checkpoint(ctx.out_dir, self.total, self.strategy.module, self.optimizer, ctx.rank, ctx.group)
         full = self.strategy.full_state_dict() if cfg.checkpoint.export else None
@@ -228,6 +245,7 @@ class Trainer:
             **(merge_ranks(per_rank) if per_rank and per_rank[0] is not None else {}),
             "step_time_s": st,
             "tokens_per_s": per_step_items / st if st else None,
+            **(self.strategy.summary_extras() if hasattr(self.strategy, "summary_extras") else {}),
             "world_size": ctx.world,
             "steps": self.total,
             "config": to_dict(cfg),

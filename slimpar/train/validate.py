@@ -58,6 +58,14 @@ def validate(cfg: Config) -> None:
     _validate_model(cfg)
     _validate_data(cfg)
     _validate_batch(cfg)
+    if p.mode == "sdp":
+        from slimpar.sdp.validate import validate_sdp
+
+        validate_sdp(cfg)
+    if p.mode == "pipeline":
+        from slimpar.pipeline.validate import validate_pipeline
+
+        validate_pipeline(cfg)
 
 
 def _validate_model(cfg: Config) -> None:

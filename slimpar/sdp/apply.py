@@ -1,0 +1,107 @@
+"""Physically build one worker's subnetwork from a plan, keeping parameter names stable.
+
+Forward regime: non-held blocks are deleted (``del model.layers["3"]``); non-held neurons/channels
+are sliced out, so the worker's weight tensors are smaller (an index map records which global
+rows/columns each local tensor holds). Backward regime: the full model stays (every worker runs the
+full forward) and non-held blocks stop requiring gradients, so they get neither gradients nor
+optimizer state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from slimpar.sdp.components import Component
+from slimpar.sdp.plan import Plan
+from slimpar.sdp.sync import Piece
+
+
+@dataclass
+class Subnet:
+    """What this rank holds: sync pieces per component and the index maps of sliced tensors."""
+
+    rank: int
+    held: list[int]  # plan columns held by this rank
+    pieces: dict[int, list[Piece]] = field(default_factory=dict)  # column -> pieces (local slices)
+    shared: list[Piece] = field(default_factory=list)
+    # local tensor name -> (dim, global indices) for tensors sliced at neuron level
+    index_map: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
+    frozen: list[str] = field(default_factory=list)  # backward regime: non-held parameter names
+
+
+def _delete_module(model: nn.Module, path: str) -> None:
+    parent, _, key = path.rpartition(".")
+    container = model.get_submodule(parent) if parent else model
+    if isinstance(container, nn.ModuleDict):
+        del container[key]
+    else:
+        setattr(container, key, None)
+
+
+def _layer_units(plan: Plan, rank: int) -> dict[str, list[tuple[int, Component]]]:
+    """Neuron components per layer, with whether each is held by ``rank``; columns in plan order."""
+    out: dict[str, list[tuple[int, Component]]] = {}
+    for c, comp in enumerate(plan.components):
+        if comp.index is not None:
+            out.setdefault(comp.layer, []).append((c, comp))
+    return out
+
+
+def _slice_tensor(module: nn.Module, attr: str, dim: int, idx: torch.Tensor, is_param: bool) -> None:
+    full = getattr(module, attr)
+    small = full.detach().index_select(dim, idx).clone()
+    if is_param:
+        setattr(module, attr, nn.Parameter(small, requires_grad=full.requires_grad))
+    else:
+        module.register_buffer(attr, small)
+
+
+def _slice_layer(model: nn.Module, sub: Subnet, units: list[tuple[int, Component]]) -> None:
+    """Keep only the held hidden units of one layer; record each held component's local slice."""
+    held = [(c, comp) for c, comp in units if c in sub.held]
+    idx = torch.cat([torch.arange(*comp.index) for _, comp in held]) if held else torch.zeros(0, dtype=torch.long)
+    first = units[0][1]
+    for names, dims, is_param in ((first.params, first.dims, True), (first.buffers, first.buffer_dims, False)):
+        for name, dim in zip(names, dims, strict=True):
+            mod_path, _, attr = name.rpartition(".")
+            _slice_tensor(model.get_submodule(mod_path), attr, dim, idx, is_param)
+            sub.index_map[name] = (dim, idx)
+    params = dict(model.named_parameters())
+    offset = 0
+    for c, comp in held:
+        n = comp.index[1] - comp.index[0]
+        sub.pieces[c] = [Piece(params[name], name, dim, offset, offset + n)
+                         for name, dim in zip(comp.params, comp.dims, strict=True)]
+        offset += n
+
+
+def apply_subnet(model: nn.Module, plan: Plan, rank: int, shared_names: list[str], regime: str = "forward") -> Subnet:
+    """Turn the full ``model`` into ``rank``'s subnetwork in place (see the module docstring)."""
+    sub = Subnet(rank=rank, held=[c for c in range(len(plan.components)) if plan.mask[rank, c]])
+    block_cols = [c for c, comp in enumerate(plan.components) if comp.index is None]
+    if regime == "forward":
+        for c in block_cols:
+            if c not in sub.held:
+                _delete_module(model, plan.components[c].name)
+        for units in _layer_units(plan, rank).values():
+            _slice_layer(model, sub, units)
+    elif regime == "backward":
+        if len(block_cols) != len(plan.components):
+            raise ValueError("backward masking is implemented for block-level plans (sdp.level = 'block')")
+        params = dict(model.named_parameters())
+        for c in block_cols:
+            if c not in sub.held:
+                for name in plan.components[c].params:
+                    params[name].requires_grad_(False)
+                    sub.frozen.append(name)
+    else:
+        raise ValueError(f"unknown SDP regime {regime!r}; choose 'forward' or 'backward'")
+    params = dict(model.named_parameters())
+    for c in block_cols:
+        if c in sub.held:
+            sub.pieces[c] = [Piece(params[n], n) for n in plan.components[c].params]
+    sub.shared = [Piece(params[n], n) for n in shared_names]
+    return sub

@@ -1,0 +1,28 @@
+"""``slimpar plan``: print the SDP plan a config implies (no processes, no memory: a meta-device model)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def plan_command(args: argparse.Namespace, rest: list[str]) -> int:
+    from slimpar.cli import DEFAULT_CONFIG
+    from slimpar.sdp.plan import analytic_bytes_per_step
+    from slimpar.sdp.strategy import plan_from_config
+    from slimpar.sdp.validate import meta_model
+    from slimpar.train.config import load_config
+
+    cfg = load_config(args.config or str(DEFAULT_CONFIG), ["--parallel.mode", "sdp", *rest])
+    workers = cfg.parallel.workers // cfg.sdp.fsdp
+    plan = plan_from_config(cfg, meta_model(cfg), workers)
+    report = plan.report()
+    report["analytic_bytes_per_step"] = [analytic_bytes_per_step(plan, r)["total"] for r in range(workers)]
+    report["ddp_bytes_per_step"] = analytic_bytes_per_step(plan, 0)["ddp"]
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(plan.table())
+        per_worker = ", ".join(f"{b:,}" for b in report["analytic_bytes_per_step"])
+        print(f"bytes per step per worker (gradient all-reduces): {per_worker} (DDP: {report['ddp_bytes_per_step']:,})")
+    return 0

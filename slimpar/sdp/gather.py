@@ -1,0 +1,102 @@
+"""Gather the full model from its holders (for evaluation, checkpoints and export).
+
+Every parameter and buffer of the full model is broadcast over the all-workers group from one
+holder: shared tensors from worker 0, a block's tensors from its first holder, and each
+neuron/channel slice from the first holder of its group. All ranks end with the full model.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from slimpar.sdp.apply import Subnet
+from slimpar.sdp.plan import Plan
+
+
+def meta_skeleton(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose tensors live on the meta device (no data is copied)."""
+    memo: dict[int, torch.Tensor] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(model, memo)
+
+
+def materialize(skeleton: nn.Module, device: torch.device) -> nn.Module:
+    """Allocate a copy of a meta skeleton on ``device``, restoring tied parameters."""
+    first: dict[int, str] = {}
+    ties: list[tuple[str, str]] = []
+    for name, p in skeleton.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            ties.append((name, first[id(p)]))
+        else:
+            first[id(p)] = name
+    full = copy.deepcopy(skeleton).to_empty(device=device)
+    for name, src in ties:
+        mod_path, _, attr = name.rpartition(".")
+        setattr(full.get_submodule(mod_path) if mod_path else full, attr, full.get_parameter(src))
+    return full
+
+
+def _owner_of(plan: Plan) -> dict[str, list[tuple[int, tuple[int, int] | None, int]]]:
+    """tensor name -> [(source worker, (start, stop) or None, dim)] in plan order."""
+    owners: dict[str, list] = {}
+    for c, comp in enumerate(plan.components):
+        src = plan.holders(c)[0]
+        for names, dims in ((comp.params, comp.dims), (comp.buffers, comp.buffer_dims)):
+            for i, name in enumerate(names):
+                dim = dims[i] if dims else 0
+                owners.setdefault(name, []).append((src, comp.index, dim))
+        if comp.index is None:  # a whole block: its buffers too (e.g. BatchNorm statistics)
+            owners.setdefault(f"__module__{comp.name}", []).append((src, None, 0))
+    return owners
+
+
+def gather_full_model(local: nn.Module, skeleton: nn.Module, plan: Plan, sub: Subnet, worker: int,
+                      group: dist.ProcessGroup | None, device: torch.device,
+                      worker_rank=lambda w: w) -> nn.Module:
+    """Materialise ``skeleton`` and fill it from the holders (collective over ``group``)."""
+    full = materialize(skeleton, device)
+    owners = _owner_of(plan)
+    block_src = {k[len("__module__"):]: v[0][0] for k, v in owners.items() if k.startswith("__module__")}
+    local_tensors = dict(local.named_parameters()) | dict(local.named_buffers())
+    for name, target in list(full.named_parameters()) + list(full.named_buffers()):
+        with torch.no_grad():
+            if name in owners:
+                for src, index, dim in owners[name]:
+                    _fill(target, local_tensors.get(name), src, index, dim, sub, name, worker, group, worker_rank)
+                continue
+            src = next((s for prefix, s in block_src.items() if name.startswith(prefix + ".")), 0)
+            _fill(target, local_tensors.get(name), src, None, 0, sub, name, worker, group, worker_rank)
+    return full
+
+
+def _fill(target, mine, src, index, dim, sub, name, worker, group, worker_rank) -> None:
+    if index is None:
+        view = target
+        if worker == src:
+            view.copy_(mine)
+    else:
+        view = target.narrow(dim, index[0], index[1] - index[0])
+        if worker == src:
+            local_dim, idx = sub.index_map[name]
+            pos = _local_positions(idx, index)
+            view.copy_(mine.narrow(local_dim, pos[0], pos[1] - pos[0]))
+    if group is None:
+        return
+    buf = view.contiguous()
+    dist.broadcast(buf, src=worker_rank(src), group=group)
+    if buf.data_ptr() != view.data_ptr():
+        view.copy_(buf)
+
+
+def _local_positions(idx: torch.Tensor, index: tuple[int, int]) -> tuple[int, int]:
+    """Where the global units [start, stop) sit in a local index list (they are contiguous there)."""
+    hits = (idx == index[0]).nonzero()
+    start = int(hits[0])
+    return start, start + index[1] - index[0]

@@ -1,0 +1,125 @@
+"""SDP behind the trainer's Strategy interface, and the plan a run config asks for."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from slimpar.parallel.ac import apply_ac, model_blocks
+from slimpar.parallel.strategy import Strategy
+from slimpar.sdp.components import model_components
+from slimpar.sdp.plan import Plan, load_mask_file, plan_components
+
+if TYPE_CHECKING:
+    from slimpar.train.config import Config
+
+
+def plan_from_config(cfg: Config, model: nn.Module, workers: int | None = None) -> Plan:
+    """The run's plan: pure in (seed, workers, model structure), so every rank computes the same."""
+    s = cfg.sdp
+    n = workers or (cfg.parallel.workers // max(s.fsdp, 1))
+    kw = {}
+    if cfg.model.arch != "llama":
+        kw["input_shape"] = (1, cfg.model.in_channels, 32, 32)
+    groups = s.groups or 4
+    comps, shared, shared_bytes = model_components(model, s.level, groups, **kw)
+    params = dict(model.named_parameters())
+    keep = s.keep_per_worker or s.keep
+    mask = load_mask_file(s.mask_file) if s.assignment == "explicit" else None
+    assignment = s.assignment
+    if s.level == "neuron" and mask is None:
+        mask, assignment = _per_layer_mask(comps, n, keep, s, cfg.train.seed), "explicit"
+    plan = plan_components(comps, shared_bytes, n, keep, min_holders=s.min_holders, assignment=assignment,
+                           seed=cfg.train.seed, mask=mask, shared_params=shared,
+                           shared_numel=sum(params[k].numel() for k in shared))
+    if assignment != s.assignment:
+        plan.assignment = f"{s.assignment} per layer"
+    return plan
+
+
+def _per_layer_mask(comps, n: int, keep, s, seed: int):
+    """Neuron level: every worker keeps a fraction C of *each* layer's units (cyclic or random within
+    the layer), instead of whole layers as one global cyclic run over all groups would give."""
+    import numpy as np
+
+    layers: dict[str, list[int]] = {}
+    for c, comp in enumerate(comps):
+        layers.setdefault(comp.layer, []).append(c)
+    mask = np.zeros((n, len(comps)), dtype=np.uint8)
+    for i, cols in enumerate(layers.values()):
+        sub = plan_components([comps[c] for c in cols], 0, n, keep, min_holders=s.min_holders,
+                              assignment=s.assignment, seed=seed * 1009 + i)
+        mask[:, cols] = sub.mask
+    return mask
+
+
+class SDPStrategy(Strategy):
+    name = "sdp"
+    eval_sharded = True
+
+    def __init__(self, cfg: Config, model: nn.Module, ctx):
+        from slimpar.sdp.wrapper import SubnetworkDataParallel
+
+        super().__init__(model, ctx.group)
+        self.cfg, self.ctx = cfg, ctx
+        self.plan = plan_from_config(cfg, model, ctx.world)
+        self.wrapper = SubnetworkDataParallel(model, self.plan, regime=cfg.sdp.regime, group=ctx.group,
+                                              refresh_every=cfg.sdp.refresh_every)
+        if cfg.train.activation_checkpointing:
+            apply_ac(model_blocks(model))
+        model.to(ctx.device)
+        self.module = self.wrapper
+        self._full: nn.Module | None = None
+
+    def no_sync(self):
+        return self.wrapper.no_sync()
+
+    def after_backward(self) -> None:
+        self.wrapper.sync()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        return self.wrapper.clip_grad_norm_(max_norm)
+
+    def after_step(self) -> None:
+        self.wrapper.refresh()
+        self._full = None
+
+    def end_of_step(self, step: int) -> None:
+        k = self.cfg.sdp.check_every
+        if k and (step + 1) % k == 0:
+            self.wrapper.check_replicas()
+
+    def eval_module(self) -> nn.Module:
+        if self._full is None:
+            self._full = self.wrapper.gather_full_model(self.ctx.device, self.cfg.sdp.eval_rescale)
+        return self._full
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.eval_module().state_dict())
+
+    def step_metrics(self) -> dict:
+        out = {"sdp_comm_wait_s": self.wrapper.grad_sync.wait_seconds if self.wrapper.grad_sync else 0.0}
+        if self.cfg.sdp.regime == "backward":
+            out["sdp_refresh_drift"] = self.wrapper.last_drift
+        return out
+
+    def extra_metrics(self) -> dict:
+        from slimpar.sdp.plan import analytic_bytes_per_step
+
+        a = analytic_bytes_per_step(self.plan, self.ctx.rank)
+        # plus one float64 all-reduce for the global gradient norm when clipping
+        clip = 8 if self.cfg.train.grad_clip and self.plan.world_size > 1 else 0
+        return {"analytic_bytes": a["total"] + clip + self._refresh_bytes(), "analytic_ddp_bytes": a["ddp"] + clip}
+
+    def _refresh_bytes(self) -> int:
+        """Backward regime: bytes this rank broadcasts as first holder in the per-step refresh."""
+        if self.cfg.sdp.regime != "backward" or self.cfg.sdp.refresh_every != 1:
+            return 0
+        return sum(c.elements * 4 for i, c in enumerate(self.plan.components)
+                   if self.plan.holders(i)[0] == self.ctx.rank and self.plan.world_size > 1)
+
+
+def build_sdp_strategy(cfg: Config, model: nn.Module, ctx) -> SDPStrategy:
+    return SDPStrategy(cfg, model, ctx)

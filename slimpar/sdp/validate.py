@@ -1,0 +1,57 @@
+"""Start-up checks for SDP runs: options, then the plan itself (built on a meta-device model)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from slimpar.train.config import Config
+
+
+def validate_sdp(cfg: Config) -> None:
+    """Raise ConfigError for impossible SDP settings, including plans the planner rejects."""
+    from slimpar.train.config import ConfigError
+    from slimpar.train.validate import _choice
+
+    s, workers = cfg.sdp, cfg.parallel.workers
+    _choice("sdp.level", s.level, ("block", "neuron"))
+    _choice("sdp.regime", s.regime, ("forward", "backward"))
+    _choice("sdp.assignment", s.assignment, ("cyclic", "random", "explicit"))
+    _choice("sdp.eval_rescale", s.eval_rescale, ("none", "survival"))
+    if s.fsdp < 1 or workers % s.fsdp:
+        raise ConfigError(f"sdp.fsdp = {s.fsdp} must divide parallel.workers = {workers}")
+    if s.fsdp > 1 and s.level != "block":
+        raise ConfigError("SDP with FSDP2 (sdp.fsdp > 1) shards block subnetworks; use --sdp.level block")
+    if s.regime == "backward" and s.level != "block":
+        raise ConfigError("backward masking is implemented for block subnetworks; use --sdp.level block "
+                          "(neuron-level subnetworks support --sdp.regime forward)")
+    if s.refresh_every < 1:
+        raise ConfigError(f"sdp.refresh_every must be >= 1, got {s.refresh_every}")
+    if s.check_every < 0:
+        raise ConfigError(f"sdp.check_every must be >= 0, got {s.check_every}")
+    if s.assignment == "explicit" and not s.mask_file:
+        raise ConfigError("sdp.assignment = 'explicit' needs --sdp.mask_file FILE (one 0/1 row per worker)")
+    if s.assignment != "explicit" and s.mask_file:
+        raise ConfigError("sdp.mask_file is only read with --sdp.assignment explicit")
+    _check_plan(cfg)
+
+
+def meta_model(cfg: Config):
+    """The run's full model on the meta device: structure and sizes without memory."""
+    from slimpar.train.build import build_model
+
+    with torch.device("meta"):
+        return build_model(cfg, None)
+
+
+def _check_plan(cfg: Config) -> None:
+    from slimpar.sdp.plan import PlanError
+    from slimpar.sdp.strategy import plan_from_config
+    from slimpar.train.config import ConfigError
+
+    try:
+        plan_from_config(cfg, meta_model(cfg), cfg.parallel.workers // cfg.sdp.fsdp)
+    except (PlanError, OSError) as e:
+        raise ConfigError(f"SDP plan: {e}") from None

@@ -1,0 +1,192 @@
+"""``SubnetworkDataParallel``: the user-facing SDP wrapper (DDP-shaped).
+
+Each worker holds and trains only its subnetwork (METHODS.md Part 1). Communication phases:
+
+1. construction (collective): one process group per distinct holder set, created in the plan's
+   order on every rank; no parameters are sent (the model is built from the same seed everywhere);
+2. every step, during backward: holder-group averaging of gradients, bucketed by holder set and
+   overlapped with backward (:mod:`slimpar.sdp.sync`); ``sync()`` waits for it;
+3. gradient clipping: one scalar all-reduce gives the norm of the full averaged gradient, so every
+   holder clips by the same factor;
+4. backward regime, after the optimizer step: every block is broadcast from its first holder to the
+   workers that do not hold it (``refresh()``, every ``refresh_every`` steps);
+5. on demand: ``check_replicas()`` compares bit-exact fingerprints among holders;
+   ``gather_full_model()`` broadcasts every component from one holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from slimpar.sdp.apply import Subnet, apply_subnet
+from slimpar.sdp.components import model_components
+from slimpar.sdp.gather import gather_full_model, meta_skeleton
+from slimpar.sdp.plan import Plan
+from slimpar.sdp.sync import GradSync, HolderGroups, Piece, make_buckets
+
+
+class SubnetworkDataParallel(nn.Module):
+    """Wrap a full single-device model; afterwards it holds only this rank's subnetwork.
+
+    Args:
+        module: the full model (identical on every rank, e.g. built from the same seed).
+        plan: the mask plan (``slimpar.sdp.plan_blocks`` / ``plan_neurons``); worker i = rank i.
+        regime: "forward" (run the subnetwork) or "backward" (full forward, masked gradients).
+        group: the group of all SDP workers (default WORLD); None only when world size is 1.
+        bucket_mb: bucket size for gradient all-reduces.
+        refresh_every: backward regime: refresh non-held blocks every T steps.
+    """
+
+    def __init__(self, module: nn.Module, plan: Plan, regime: str = "forward",
+                 group: dist.ProcessGroup | None = dist.group.WORLD, bucket_mb: float = 25.0,
+                 refresh_every: int = 1, overlap: bool = True, shared_names: list[str] | None = None):
+        super().__init__()
+        self.plan, self.regime, self.group, self.refresh_every = plan, regime, group, refresh_every
+        self.rank = dist.get_rank(group) if group is not None else 0
+        if plan.world_size != (dist.get_world_size(group) if group is not None else 1):
+            raise ValueError(f"the plan is for {plan.world_size} workers but the group has "
+                             f"{dist.get_world_size(group) if group is not None else 1}")
+        if shared_names is None and plan.shared_params:
+            shared_names = list(plan.shared_params)
+        if shared_names is None:
+            level = "neuron" if any(c.index is not None for c in plan.components) else "block"
+            _, shared_names, _ = model_components(module, level, _groups_of(plan))
+        self.skeleton = [meta_skeleton(module)]  # a list keeps it out of this module's children
+        self.sub: Subnet = apply_subnet(module, plan, self.rank, shared_names, regime)
+        self.module = module
+        self.steps = 0
+        self.last_drift = 0.0
+        self.holder_groups = HolderGroups(plan.distinct_holder_sets, plan.world_size,
+                                          world_group=group) if group is not None else None
+        self.grad_sync = self._build_sync(int(bucket_mb * 2**20), overlap)
+
+    # ------------------------------------------------------------ gradient sync
+    def _build_sync(self, cap: int, overlap: bool) -> GradSync | None:
+        if self.holder_groups is None:
+            return None
+        by_set: dict[tuple[int, ...], list[Piece]] = {}
+        for c in sorted(self.sub.pieces, reverse=True):  # backward visits late components first
+            by_set.setdefault(self.plan.holders(c), []).extend(self.sub.pieces[c])
+        everyone = tuple(range(self.plan.world_size))
+        by_set.setdefault(everyone, []).extend(reversed(self.sub.shared))
+        return GradSync(make_buckets(by_set, self.holder_groups, 0, cap), overlap=overlap)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def sync(self) -> None:
+        """Finish holder-group averaging (call after backward, before the optimizer step)."""
+        if self.grad_sync is not None:
+            self.grad_sync.finish()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (gradient accumulation); the next synced backward averages."""
+        if self.grad_sync is None:
+            yield
+            return
+        self.grad_sync.enabled = False
+        try:
+            yield
+        finally:
+            self.grad_sync.enabled = True
+
+    # -------------------------------------------------------------- clipping
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip by the norm of the full model's averaged gradient (identical on every worker)."""
+        sq = torch.zeros((), dtype=torch.float64)
+        for c, pieces in self.sub.pieces.items():
+            if self.plan.holders(c)[0] == self.rank:
+                sq += sum(_sq(p) for p in pieces)
+        if self.rank == 0:
+            sq += sum(_sq(p) for p in self.sub.shared)
+        if self.group is not None:
+            dist.all_reduce(sq, group=self.group)
+        norm = float(sq.sqrt())
+        if max_norm > 0 and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        return norm
+
+    # ---------------------------------------------------- backward-regime refresh
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Backward regime: broadcast every block from its first holder to all workers."""
+        self.steps += 1
+        if self.regime != "backward" or self.group is None or self.steps % self.refresh_every:
+            return
+        params = dict(self.module.named_parameters())
+        drift = 0.0
+        for c, comp in enumerate(self.plan.components):
+            tensors = [params[n] for n in comp.params]
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            before = flat.clone() if not self.plan.mask[self.rank, c] else None
+            dist.broadcast(flat, src=self.plan.holders(c)[0], group=self.group)
+            if before is not None:
+                drift = max(drift, float((flat - before).abs().max()))
+                offset = 0
+                for t in tensors:
+                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                    offset += t.numel()
+        self.last_drift = drift
+
+    # -------------------------------------------------------- replica checks
+    @torch.no_grad()
+    def check_replicas(self) -> None:
+        """Raise, naming the component, unless all holders' copies are bit-identical."""
+        if self.holder_groups is None:
+            return
+        everyone = tuple(range(self.plan.world_size))
+        items = [(c, self.plan.holders(c), self.sub.pieces[c]) for c in sorted(self.sub.pieces)]
+        items.append((-1, everyone, self.sub.shared))
+        for hs in sorted({h for _, h, _ in items if len(h) > 1}):
+            mine = [(c, pcs) for c, h, pcs in items if h == hs]
+            prints = torch.tensor([_fingerprint(pcs) for _, pcs in mine], dtype=torch.int64)
+            got = [torch.empty_like(prints) for _ in hs]
+            dist.all_gather(got, prints, group=self.holder_groups.get(hs))
+            for j, (c, _) in enumerate(mine):
+                if any(int(g[j]) != int(prints[j]) for g in got):
+                    name = "shared parameters" if c < 0 else self.plan.components[c].name
+                    raise RuntimeError(f"SDP replicas of {name} differ across holders {list(hs)}")
+
+    # --------------------------------------------------------------- gather
+    def gather_full_model(self, device: torch.device | str = "cpu", rescale: str = "none") -> nn.Module:
+        """The full model, each component taken from one holder (collective: every rank calls)."""
+        full = gather_full_model(self.module, self.skeleton[0], self.plan, self.sub, self.rank, self.group,
+                                 torch.device(device))
+        if rescale == "survival":
+            for c, comp in enumerate(self.plan.components):
+                if comp.index is None:
+                    full.get_submodule(comp.name).residual_scale = len(self.plan.holders(c)) / self.plan.world_size
+        return full
+
+
+def _sq(p: Piece) -> torch.Tensor:
+    if p.param.grad is None:
+        return torch.zeros((), dtype=torch.float64)
+    return p.view(p.param.grad).double().pow(2).sum()
+
+
+def _fingerprint(pieces: list[Piece]) -> int:
+    """A bit-exact fingerprint: position-weighted sum of the raw 32-bit words (mod 2**61 - 1)."""
+    total = 0
+    for p in pieces:
+        words = p.view(p.param.detach()).contiguous().view(-1).view(torch.int32).to(torch.int64)
+        weights = torch.arange(1, words.numel() + 1, dtype=torch.int64) % 1000003
+        total = (total * 31 + int((words * weights).sum() % (2**61 - 1))) % (2**61 - 1)
+    return total
+
+
+def _groups_of(plan: Plan) -> int:
+    layers: dict[str, int] = {}
+    for c in plan.components:
+        if c.index is not None:
+            layers[c.layer] = layers.get(c.layer, 0) + 1
+    return max(layers.values()) if layers else 4
