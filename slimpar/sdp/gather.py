@@ -57,14 +57,16 @@ def _owner_of(plan: Plan) -> dict[str, list[tuple[int, tuple[int, int] | None, i
     return owners
 
 
-def gather_full_model(local: nn.Module, skeleton: nn.Module, plan: Plan, sub: Subnet, worker: int,
+def gather_full_model(local_tensors: dict[str, torch.Tensor], skeleton: nn.Module, plan: Plan, sub: Subnet, worker: int,
                       group: dist.ProcessGroup | None, device: torch.device,
                       worker_rank=lambda w: w) -> nn.Module:
-    """Materialise ``skeleton`` and fill it from the holders (collective over ``group``)."""
+    """Materialise ``skeleton`` and fill it from the holders (collective over ``group``).
+
+    ``local_tensors`` are this worker's unsharded parameters and buffers by name; worker w's
+    tensors are broadcast from global rank ``worker_rank(w)``."""
     full = materialize(skeleton, device)
     owners = _owner_of(plan)
     block_src = {k[len("__module__"):]: v[0][0] for k, v in owners.items() if k.startswith("__module__")}
-    local_tensors = dict(local.named_parameters()) | dict(local.named_buffers())
     for name, target in list(full.named_parameters()) + list(full.named_buffers()):
         with torch.no_grad():
             if name in owners:

@@ -64,12 +64,28 @@ class SDPStrategy(Strategy):
 
         super().__init__(model, ctx.group)
         self.cfg, self.ctx = cfg, ctx
-        self.plan = plan_from_config(cfg, model, ctx.world)
+        f = cfg.sdp.fsdp
+        self.plan = plan_from_config(cfg, model, ctx.world // f)
+        mesh = None
+        if f > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(ctx.device.type, (ctx.world // f, f), mesh_dim_names=("sdp", "fsdp"))["fsdp"]
+
+        def parallelize(m: nn.Module) -> None:
+            """Fixed order: subnetwork (done) -> activation checkpointing -> FSDP2 per block, then root."""
+            if cfg.train.activation_checkpointing:
+                apply_ac(model_blocks(m))
+            m.to(ctx.device)
+            if mesh is not None:
+                from torch.distributed.fsdp import fully_shard
+
+                for block in model_blocks(m).values():
+                    fully_shard(block, mesh=mesh)
+                fully_shard(m, mesh=mesh)
+
         self.wrapper = SubnetworkDataParallel(model, self.plan, regime=cfg.sdp.regime, group=ctx.group,
-                                              refresh_every=cfg.sdp.refresh_every)
-        if cfg.train.activation_checkpointing:
-            apply_ac(model_blocks(model))
-        model.to(ctx.device)
+                                              refresh_every=cfg.sdp.refresh_every, fsdp=f, parallelize=parallelize)
         self.module = self.wrapper
         self._full: nn.Module | None = None
 
@@ -96,6 +112,45 @@ class SDPStrategy(Strategy):
             self._full = self.wrapper.gather_full_model(self.ctx.device, self.cfg.sdp.eval_rescale)
         return self._full
 
+    def evaluate(self, data, cfg: Config) -> dict:
+        """Validate the gathered full model; for block plans also with the other residual rescaling
+        (none vs survival probability k_c / N per block), so both can be compared on one model."""
+        from slimpar.train.evaluate import evaluate
+
+        ctx = self.ctx
+        results = evaluate(self, data, cfg, ctx.rank, ctx.world, ctx.group)
+        blocks = [(c, comp) for c, comp in enumerate(self.plan.components) if comp.index is None]
+        if not blocks or min(self.plan.holders_per_component) == self.plan.world_size:
+            return results
+        other = "none" if cfg.sdp.eval_rescale == "survival" else "survival"
+        full = self.eval_module()
+        for c, comp in blocks:
+            k = len(self.plan.holders(c)) / self.plan.world_size
+            full.get_submodule(comp.name).residual_scale = k if other == "survival" else 1.0
+        alt = evaluate(self, data, cfg, ctx.rank, ctx.world, ctx.group)
+        self._full = None  # the next evaluation gathers afresh with the configured scaling
+        results.update({f"{k}_rescale_{other}": v for k, v in alt.items() if k.endswith(("_loss", "_accuracy"))})
+        return results
+
+    def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
+        """Closing-table rows that put this run next to DDP for the same model (from the plan)."""
+        from slimpar.sdp.plan import analytic_bytes_per_step
+        from slimpar.train.metrics import fmt_bytes
+
+        a = analytic_bytes_per_step(self.plan, 0)
+        full_params = a["ddp"] if self.plan.world_size > 1 else sum(c.elements for c in self.plan.components) * 4
+        ddp_static = 4 * full_params  # fp32 params + grads + AdamW's two moments, every worker
+        mine = summary["mem_breakdown"]
+        held = sum(mine.get(k) or 0 for k in ("params", "grads", "optimizer"))
+        return [
+            ("SDP plan", f"{self.plan.assignment}, keep {self.plan.keep_per_worker[0]:.3g}, "
+                         f"spectral gap {self.plan.spectral_gap:.3f}"),
+            ("params+grads+optimizer / worker: SDP (measured)", fmt_bytes(held)),
+            ("params+grads+optimizer / worker: DDP (from the plan)", fmt_bytes(ddp_static)),
+            ("gradient bytes / step / worker: SDP plan floor", fmt_bytes(a["total"])),
+            ("gradient bytes / step / worker: DDP (from the plan)", fmt_bytes(a["ddp"])),
+        ]
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.eval_module().state_dict())
 
@@ -108,9 +163,12 @@ class SDPStrategy(Strategy):
     def extra_metrics(self) -> dict:
         from slimpar.sdp.plan import analytic_bytes_per_step
 
-        a = analytic_bytes_per_step(self.plan, self.ctx.rank)
+        f = self.cfg.sdp.fsdp
+        a = analytic_bytes_per_step(self.plan, self.ctx.rank // f)
         # plus one float64 all-reduce for the global gradient norm when clipping
-        clip = 8 if self.cfg.train.grad_clip and self.plan.world_size > 1 else 0
+        clip = 8 if self.cfg.train.grad_clip and self.ctx.world > 1 else 0
+        if f > 1:  # holder averaging runs on FSDP shards (1/f of each tensor, up to padding); FSDP's own traffic adds
+            return {"analytic_holder_bytes": a["total"] / f + clip, "analytic_ddp_bytes": a["ddp"] + clip}
         return {"analytic_bytes": a["total"] + clip + self._refresh_bytes(), "analytic_ddp_bytes": a["ddp"] + clip}
 
     def _refresh_bytes(self) -> int:

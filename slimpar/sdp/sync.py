@@ -27,6 +27,11 @@ import torch.distributed as dist
 from torch import nn
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: the local shard of an FSDP2 DTensor, else the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 @dataclass
 class Piece:
     """A parameter, or a slice of one along ``dim``, that belongs to one sync bucket."""
@@ -39,9 +44,10 @@ class Piece:
 
     @property
     def numel(self) -> int:
+        t = local(self.param)
         if self.dim is None:
-            return self.param.numel()
-        return self.param.numel() // self.param.shape[self.dim] * (self.stop - self.start)
+            return t.numel()
+        return t.numel() // t.shape[self.dim] * (self.stop - self.start)
 
     def view(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.dim is None else t.narrow(self.dim, self.start, self.stop - self.start)
@@ -140,9 +146,10 @@ class GradSync:
             if g is None:
                 dst.zero_()
             else:
+                g = local(g)
                 dst.view(p.view(g).shape).copy_(p.view(g))
-            if p.dim is None:  # the bucket becomes the gradient's storage; autograd's copy is freed
-                p.param.grad = dst.view_as(p.param)
+            if p.dim is None and not hasattr(p.param, "to_local"):
+                p.param.grad = dst.view_as(p.param)  # the bucket becomes the gradient; autograd's copy is freed
             offset += p.numel
         b.work = dist.all_reduce(b.buf, op=dist.ReduceOp.SUM, group=b.group, async_op=True)
 
@@ -161,10 +168,11 @@ class GradSync:
             offset = 0
             for p in b.pieces:
                 src = b.buf[offset:offset + p.numel]
-                if p.dim is not None:
+                if p.dim is not None or hasattr(p.param, "to_local"):
                     if p.param.grad is None:
                         p.param.grad = torch.zeros_like(p.param)
-                    p.view(p.param.grad).copy_(src.view(p.view(p.param.grad).shape))
+                    g = local(p.param.grad)
+                    p.view(g).copy_(src.view(p.view(g).shape))
                 offset += p.numel
         self._reset()
 

@@ -27,7 +27,7 @@ from slimpar.sdp.apply import Subnet, apply_subnet
 from slimpar.sdp.components import model_components
 from slimpar.sdp.gather import gather_full_model, meta_skeleton
 from slimpar.sdp.plan import Plan
-from slimpar.sdp.sync import GradSync, HolderGroups, Piece, make_buckets
+from slimpar.sdp.sync import GradSync, HolderGroups, Piece, local, make_buckets
 
 
 class SubnetworkDataParallel(nn.Module):
@@ -44,13 +44,18 @@ class SubnetworkDataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, plan: Plan, regime: str = "forward",
                  group: dist.ProcessGroup | None = dist.group.WORLD, bucket_mb: float = 25.0,
-                 refresh_every: int = 1, overlap: bool = True, shared_names: list[str] | None = None):
+                 refresh_every: int = 1, overlap: bool = True, shared_names: list[str] | None = None,
+                 fsdp: int = 1, parallelize=None):
         super().__init__()
         self.plan, self.regime, self.group, self.refresh_every = plan, regime, group, refresh_every
-        self.rank = dist.get_rank(group) if group is not None else 0
-        if plan.world_size != (dist.get_world_size(group) if group is not None else 1):
-            raise ValueError(f"the plan is for {plan.world_size} workers but the group has "
-                             f"{dist.get_world_size(group) if group is not None else 1}")
+        self.fsdp = fsdp
+        grank = dist.get_rank(group) if group is not None else 0
+        self.rank, self.shard = divmod(grank, fsdp)  # SDP worker index and FSDP shard index
+        world = dist.get_world_size(group) if group is not None else 1
+        if plan.world_size * fsdp != world:
+            raise ValueError(f"the plan is for {plan.world_size} workers x {fsdp} FSDP shards but the group has {world}")
+        if fsdp > 1 and regime != "forward":
+            raise ValueError("SDP with FSDP2 shards forward-masked subnetworks (regime='forward')")
         if shared_names is None and plan.shared_params:
             shared_names = list(plan.shared_params)
         if shared_names is None:
@@ -58,12 +63,17 @@ class SubnetworkDataParallel(nn.Module):
             _, shared_names, _ = model_components(module, level, _groups_of(plan))
         self.skeleton = [meta_skeleton(module)]  # a list keeps it out of this module's children
         self.sub: Subnet = apply_subnet(module, plan, self.rank, shared_names, regime)
+        if parallelize is not None:  # e.g. activation checkpointing and FSDP2's fully_shard
+            parallelize(module)
+            _rebind(self.sub, module)
         self.module = module
         self.steps = 0
         self.last_drift = 0.0
-        self.holder_groups = HolderGroups(plan.distinct_holder_sets, plan.world_size,
+        self.holder_groups = HolderGroups(plan.distinct_holder_sets, plan.world_size, fsdp=fsdp,
                                           world_group=group) if group is not None else None
-        self.grad_sync = self._build_sync(int(bucket_mb * 2**20), overlap)
+        # FSDP2 hands back sharded gradients after its own reduce-scatter, not through autograd's
+        # accumulation hooks, so with an FSDP dimension the holder all-reduce runs after backward.
+        self.grad_sync = self._build_sync(int(bucket_mb * 2**20), overlap and fsdp == 1)
 
     # ------------------------------------------------------------ gradient sync
     def _build_sync(self, cap: int, overlap: bool) -> GradSync | None:
@@ -74,7 +84,7 @@ class SubnetworkDataParallel(nn.Module):
             by_set.setdefault(self.plan.holders(c), []).extend(self.sub.pieces[c])
         everyone = tuple(range(self.plan.world_size))
         by_set.setdefault(everyone, []).extend(reversed(self.sub.shared))
-        return GradSync(make_buckets(by_set, self.holder_groups, 0, cap), overlap=overlap)
+        return GradSync(make_buckets(by_set, self.holder_groups, self.shard, cap), overlap=overlap)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -150,17 +160,27 @@ class SubnetworkDataParallel(nn.Module):
             mine = [(c, pcs) for c, h, pcs in items if h == hs]
             prints = torch.tensor([_fingerprint(pcs) for _, pcs in mine], dtype=torch.int64)
             got = [torch.empty_like(prints) for _ in hs]
-            dist.all_gather(got, prints, group=self.holder_groups.get(hs))
+            dist.all_gather(got, prints, group=self.holder_groups.get(hs, self.shard))
             for j, (c, _) in enumerate(mine):
                 if any(int(g[j]) != int(prints[j]) for g in got):
                     name = "shared parameters" if c < 0 else self.plan.components[c].name
                     raise RuntimeError(f"SDP replicas of {name} differ across holders {list(hs)}")
 
     # --------------------------------------------------------------- gather
+    def _local_full_tensors(self) -> dict[str, torch.Tensor]:
+        """This worker's unsharded tensors (FSDP2: all-gathered within the worker's shard group)."""
+        if self.fsdp == 1:
+            return dict(self.module.named_parameters()) | dict(self.module.named_buffers())
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        return dict(sd) | {n: b for n, b in self.module.named_buffers() if n not in sd}
+
     def gather_full_model(self, device: torch.device | str = "cpu", rescale: str = "none") -> nn.Module:
         """The full model, each component taken from one holder (collective: every rank calls)."""
-        full = gather_full_model(self.module, self.skeleton[0], self.plan, self.sub, self.rank, self.group,
-                                 torch.device(device))
+        mine = self._local_full_tensors()
+        full = gather_full_model(mine, self.skeleton[0], self.plan, self.sub, self.rank, self.group,
+                                 torch.device(device), worker_rank=lambda w: w * self.fsdp)
         if rescale == "survival":
             for c, comp in enumerate(self.plan.components):
                 if comp.index is None:
@@ -171,14 +191,21 @@ class SubnetworkDataParallel(nn.Module):
 def _sq(p: Piece) -> torch.Tensor:
     if p.param.grad is None:
         return torch.zeros((), dtype=torch.float64)
-    return p.view(p.param.grad).double().pow(2).sum()
+    return p.view(local(p.param.grad)).double().pow(2).sum()
+
+
+def _rebind(sub: Subnet, module: nn.Module) -> None:
+    """Point pieces at the module's current parameters (FSDP2 replaces them with DTensors)."""
+    params = dict(module.named_parameters())
+    for p in [q for pieces in sub.pieces.values() for q in pieces] + sub.shared:
+        p.param = params[p.name]
 
 
 def _fingerprint(pieces: list[Piece]) -> int:
     """A bit-exact fingerprint: position-weighted sum of the raw 32-bit words (mod 2**61 - 1)."""
     total = 0
     for p in pieces:
-        words = p.view(p.param.detach()).contiguous().view(-1).view(torch.int32).to(torch.int64)
+        words = p.view(local(p.param.detach())).contiguous().view(-1).view(torch.int32).to(torch.int64)
         weights = torch.arange(1, words.numel() + 1, dtype=torch.int64) % 1000003
         total = (total * 31 + int((words * weights).sum() % (2**61 - 1))) % (2**61 - 1)
     return total

@@ -98,4 +98,4 @@ def print_summary(summary: dict[str, Any], extra_rows: list[tuple[str, str]] | N
              ("tokens or samples / s", f"{summary['tokens_per_s']:.0f}" if summary.get("tokens_per_s") else "-")]
     for name, value in rows + (extra_rows or []):
         table.add_row(name, value)
-    Console().print(table)
+    Console(width=max(Console().width, 110)).print(table)

@@ -1,0 +1,252 @@
+"""The two halves of a boundary codec: ``BoundaryEncoder`` ends stage p, ``BoundaryDecoder`` starts p + 1.
+
+Forward (METHODS.md Part 2 steps 1, 3, 4). The encoder maps the residual stream h (mb, T, d) to the
+float tensor ``out`` (mb, T, w) whose gradient comes back, and leaves the wire message for the
+current microbatch in ``outbox``:
+  none   out = h                              payload h as float32            (w = d)
+  bf16   out = h rounded through bf16         payload bf16                    (w = d)
+  int8   out = per-token int8 round trip      payload int8 values + fp32 scale per token
+  mapl   out = c = Aᵀ(h − o(t))               payload c as float32            (w = r)
+  naive  out = c = (h − o(t)) D               payload c as float32
+  ssn    out = c = Uᵀ(h − F[t])               payload c as float32
+with RVQ (projector codecs) ``out`` = the quantized codes q (straight-through to c), the payload is
+the packed indices (Q·⌈log₂K⌉ bits per token) plus a codebook header, and the changed codebook rows
+follow as a variable tail. Token ids join the payload when the codec needs them and they are sent.
+The decoder rebuilds exactly ``out`` from the message (bit for bit: same casts, same codebook rows)
+and its forward maps it back to the residual stream: ĥ = up(out) + o(t).
+
+Backward: the decoder receives ∂L/∂out (mb, T, w) from autograd and ``grad_packets`` encodes it for
+the wire (float32 w numbers per token; bf16 / int8 for the cast codecs); the encoder decodes it with
+``grad_decode`` and autograd carries it into the stage. An RVQ commitment loss is injected on the
+sender through ``inject_loss``, since only the last stage of a pipeline has a loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from slimpar.codecs.anchors import FixedTokenTable, build_anchor
+from slimpar.codecs.codebook_sync import HEADER_DTYPE, HEADER_NUMEL, CodebookReceiver, CodebookSender, SyncMessage
+from slimpar.codecs.packing import bits_for, ids_to_payload, pack_indices, packed_nbytes, payload_to_ids, unpack_indices
+from slimpar.codecs.projector import FixedSubspace, NaiveProjector, StiefelProjector
+from slimpar.codecs.quant import Int8Codec, Int8Payload, fake_bf16, straight_through
+from slimpar.codecs.rvq import ResidualVQ
+from slimpar.pipeline.spec import CodecSpec, StageContext
+from slimpar.pipeline.wire import Message, Packet, WireSpec
+
+
+class _InjectLoss(torch.autograd.Function):
+    """Identity on x; in backward, ``aux`` (a scalar loss term) also receives gradient 1."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, aux: Tensor) -> Tensor:
+        ctx.aux_shape = aux.shape
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor]:
+        return grad, torch.ones(ctx.aux_shape, dtype=grad.dtype, device=grad.device)
+
+
+def inject_loss(x: Tensor, aux: Tensor) -> Tensor:
+    """x in forward; backward adds ∂aux/∂(inputs of aux) as if aux were added to the final loss."""
+    return _InjectLoss.apply(x, aux)
+
+
+def build_projector(spec: CodecSpec, role: str, ssn_basis: Tensor | None = None) -> nn.Module | None:
+    if spec.kind == "mapl":
+        return StiefelProjector(spec.dim, spec.rank, spec.seed, spec.boundary, spec.identity_init, role)
+    if spec.kind == "naive":
+        return NaiveProjector(spec.dim, spec.rank, spec.seed, spec.boundary, spec.identity_init, role)
+    if spec.kind == "ssn":
+        return FixedSubspace(ssn_basis)
+    return None
+
+
+def _anchor(spec: CodecSpec, role: str, embedding: Tensor | None, ssn_table: Tensor | None) -> nn.Module | None:
+    if spec.kind == "ssn":
+        return FixedTokenTable(ssn_table)
+    if spec.anchors == "none" or (role == "sender" and not spec.shares_anchor):
+        return None
+    start = embedding if spec.shares_anchor else None  # receiver-only form starts at zero
+    return build_anchor(spec.anchors, spec.vocab, spec.dim, spec.anchor_dim, spec.seed, spec.boundary, start)
+
+
+def grad_packets(spec: CodecSpec, g: Tensor) -> list[Packet]:
+    """∂L/∂out (mb, T, w) as it crosses backward: float32, or the cast codecs' wire format."""
+    if spec.kind == "bf16":
+        return [Packet("payload", g.to(torch.bfloat16))]
+    if spec.kind == "int8":
+        p = Int8Codec().encode(g)
+        return [Packet("payload", p.values), Packet("payload", p.scale)]
+    return [Packet("payload", g.to(torch.float32))]
+
+
+def grad_specs(spec: CodecSpec, shape: tuple[int, int]) -> list[WireSpec]:
+    full = (*shape, spec.width)
+    if spec.kind == "bf16":
+        return [WireSpec("payload", full, torch.bfloat16)]
+    if spec.kind == "int8":
+        return [WireSpec("payload", full, torch.int8), WireSpec("payload", (*shape, 1), torch.float32)]
+    return [WireSpec("payload", full, torch.float32)]
+
+
+def grad_decode(spec: CodecSpec, tensors: list[Tensor]) -> Tensor:
+    if spec.kind == "int8":
+        return Int8Codec().decode(Int8Payload(tensors[0], tensors[1]))
+    return tensors[0].to(torch.float32)
+
+
+class _Half(nn.Module):
+    """What both halves share: the spec, the stage context and the parameters both ends hold."""
+
+    def __init__(self, spec: CodecSpec, context: StageContext):
+        super().__init__()
+        self.spec = spec
+        self.context = context
+
+    def shared_parameters(self) -> list[tuple[str, nn.Parameter, bool]]:
+        """(name, parameter, sparse rows) of every parameter the other end holds a copy of, in a fixed order."""
+        out = []
+        proj = getattr(self, "projector", None)
+        if isinstance(proj, StiefelProjector):
+            out.append(("projector.A", proj.A, False))
+        anchor = getattr(self, "anchor", None)
+        if self.spec.shares_anchor and anchor is not None:
+            out.append(("anchor.E", anchor.E, True))
+        return out
+
+
+class BoundaryEncoder(_Half):
+    """Sender half of boundary p (the end of stage p)."""
+
+    def __init__(self, spec: CodecSpec, context: StageContext, embedding: Tensor | None = None,
+                 ssn: tuple[Tensor, Tensor] | None = None):
+        super().__init__(spec, context)
+        self.projector = build_projector(spec, "sender", ssn[0] if ssn else None)
+        self.anchor = _anchor(spec, "sender", embedding, ssn[1] if ssn else None)
+        self.rvq = self.codebook = None
+        if spec.rvq is not None:
+            q = spec.rvq
+            self.rvq = ResidualVQ(spec.rank, q.levels, q.codebook, q.decay, q.commitment,
+                                  seed=spec.seed * 1009 + spec.boundary)
+            self.codebook = CodebookSender(self.rvq, full_every=q.sync_every * spec.microbatches)
+        self.outbox: dict[int, Message] = {}
+        self.messages = 0  # training messages sent: paces the full codebook pushes
+
+    def forward(self, h: Tensor) -> Tensor:
+        """h (mb, T, d) -> out (mb, T, w); the wire message goes to ``outbox[context.microbatch]``."""
+        ids = self.context.current_ids() if self.spec.needs_ids else None
+        x = h - self.anchor(ids) if self.anchor is not None else h
+        x = self.projector.down(x) if self.projector is not None else x  # (mb, T, w)
+        out, msg = self._encode(x)
+        if self.spec.sends_ids:
+            msg.fixed.append(Packet("ids", _ids_to_wire(ids, self.spec.ids_dtype)))
+        self.outbox[self.context.microbatch] = msg
+        return out
+
+    def _encode(self, x: Tensor) -> tuple[Tensor, Message]:
+        kind = self.spec.kind
+        if self.rvq is not None:
+            return self._quantize(x)
+        if kind == "bf16":
+            return fake_bf16(x), Message([Packet("payload", x.detach().to(torch.bfloat16))])
+        if kind == "int8":
+            p = Int8Codec().encode(x.detach())
+            out = straight_through(x, Int8Codec().decode(p, x.dtype))
+            return out, Message([Packet("payload", p.values), Packet("payload", p.scale)])
+        return x, Message([Packet("payload", x.detach())])
+
+    def _quantize(self, c: Tensor) -> tuple[Tensor, Message]:
+        q, idx, commit = self.rvq(c)  # (mb, T, r), (mb, T, Q), scalar
+        msg = Message([Packet("payload", pack_indices(idx, bits_for(self.spec.rvq.codebook), check=False))])
+        if self.training:
+            sync = self.codebook.message(self.messages)
+            self.messages += 1
+            header, *tail = sync.to_tensors()
+            msg.fixed.append(Packet("codebook", header))
+            msg.extra = [Packet("codebook", t) for t in tail]
+            if self.spec.rvq.commitment > 0 and torch.is_grad_enabled():
+                q = inject_loss(q, commit)
+        return q, msg
+
+    def decode_grad(self, tensors: list[Tensor]) -> Tensor:
+        return grad_decode(self.spec, tensors)
+
+    def grad_spec(self, shape: tuple[int, int]) -> list[WireSpec]:
+        return grad_specs(self.spec, shape)
+
+
+class BoundaryDecoder(_Half):
+    """Receiver half of boundary p (the start of stage p + 1)."""
+
+    def __init__(self, spec: CodecSpec, context: StageContext, embedding: Tensor | None = None,
+                 ssn: tuple[Tensor, Tensor] | None = None):
+        super().__init__(spec, context)
+        self.projector = build_projector(spec, "receiver", ssn[0] if ssn else None)
+        self.anchor = _anchor(spec, "receiver", embedding, ssn[1] if ssn else None)
+        self.codebook = None
+        if spec.rvq is not None:
+            self.codebook = CodebookReceiver(spec.rank, spec.rvq.levels, spec.rvq.codebook)
+
+    def fixed_spec(self, shape: tuple[int, int]) -> list[WireSpec]:
+        """Shapes of a message's fixed part for a (mb, T) microbatch, in wire order."""
+        s = self.spec
+        if s.rvq is not None:
+            n = shape[0] * shape[1] * s.rvq.levels
+            out = [WireSpec("payload", (packed_nbytes(n, bits_for(s.rvq.codebook)),), torch.uint8)]
+            if self.training:
+                out.append(WireSpec("codebook", (HEADER_NUMEL,), HEADER_DTYPE))
+        elif s.kind == "bf16":
+            out = [WireSpec("payload", (*shape, s.width), torch.bfloat16)]
+        elif s.kind == "int8":
+            out = [WireSpec("payload", (*shape, s.width), torch.int8), WireSpec("payload", (*shape, 1), torch.float32)]
+        else:
+            out = [WireSpec("payload", (*shape, s.width), torch.float32)]
+        if s.sends_ids:
+            out.append(WireSpec("ids", shape, s.ids_dtype))
+        return out
+
+    def extra_spec(self, fixed: list[Tensor]) -> list[WireSpec]:
+        """Shapes of the variable tail announced by a received fixed part (codebook rows)."""
+        if self.spec.rvq is None or not self.training:
+            return []
+        num_rows = self.spec.rvq.levels * self.spec.rvq.codebook
+        return [WireSpec("codebook", shape, dtype)
+                for shape, dtype in SyncMessage.payload_specs(fixed[1], num_rows, self.spec.rank)]
+
+    def decode(self, fixed: list[Tensor], extra: list[Tensor], shape: tuple[int, int]) -> Tensor:
+        """The sender's ``out`` (mb, T, w) from a received message; received ids go to the context."""
+        s = self.spec
+        if s.sends_ids:
+            self.context.ids[self.context.microbatch] = _wire_to_ids(fixed[-1])
+        if s.rvq is not None:
+            version = self.codebook.version
+            if self.training:
+                msg = SyncMessage.from_tensors([fixed[1], *extra], s.rvq.levels * s.rvq.codebook, s.rank)
+                self.codebook.apply(msg)
+                version = msg.version
+            idx = unpack_indices(fixed[0], bits_for(s.rvq.codebook), (*shape, s.rvq.levels))
+            return self.codebook.decode(idx, version)  # (mb, T, r): the sender's q, bit for bit
+        if s.kind == "int8":
+            return Int8Codec().decode(Int8Payload(fixed[0], fixed[1]))
+        return fixed[0].to(torch.float32)
+
+    def forward(self, act: Tensor) -> Tensor:
+        """out (mb, T, w) -> ĥ (mb, T, d) = up(out) + o(t)."""
+        h = self.projector.up(act) if self.projector is not None else act
+        if self.anchor is not None:
+            h = h + self.anchor(self.context.current_ids())
+        return h
+
+    def encode_grad(self, g: Tensor) -> list[Packet]:
+        return grad_packets(self.spec, g)
+
+
+def _ids_to_wire(ids: Tensor, dtype: torch.dtype) -> Tensor:
+    return ids_to_payload(ids, check=False) if dtype == torch.int16 else ids.to(torch.int32)
+
+
+def _wire_to_ids(t: Tensor) -> Tensor:
+    return payload_to_ids(t) if t.dtype == torch.int16 else t.to(torch.int64)

@@ -1,0 +1,61 @@
+"""Process layout of a pipeline with data-parallel replicas: workers = P stages × R replicas.
+
+Global rank g runs stage g % P of replica g // P. Every rank creates every group, in the same order
+(torch requires ``new_group`` to be called collectively): first the R pipeline groups (one per
+replica: the P ranks that pass activations along), then the P replica groups (one per stage: the R
+ranks whose gradients are averaged, DDP-style). With R = 1 the pipeline group is the run's WORLD group
+and no replica group exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    stages: int  # P
+    replicas: int  # R
+    rank: int  # this process's global rank
+
+    @property
+    def stage(self) -> int:
+        return self.rank % self.stages
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.stages
+
+    def pipeline_ranks(self, replica: int) -> list[int]:
+        return [replica * self.stages + s for s in range(self.stages)]
+
+    def replica_ranks(self, stage: int) -> list[int]:
+        return [r * self.stages + stage for r in range(self.replicas)]
+
+    def peers(self) -> dict[int, int]:
+        """Stage index -> global rank, within this rank's pipeline."""
+        return dict(enumerate(self.pipeline_ranks(self.replica)))
+
+    @classmethod
+    def of(cls, stages: int, world: int, rank: int) -> PipelineLayout:
+        if world % stages:
+            raise ValueError(f"{world} workers cannot hold whole pipelines of {stages} stages")
+        return cls(stages, world // stages, rank)
+
+
+@dataclass
+class PipelineGroups:
+    pipeline: dist.ProcessGroup  # this rank's pipeline (P ranks)
+    replica: dist.ProcessGroup | None  # this rank's stage replicas (R ranks); None when R = 1
+    world: dist.ProcessGroup  # every rank: loss, metrics and evaluation reductions
+
+
+def build_groups(layout: PipelineLayout, world_group: dist.ProcessGroup) -> PipelineGroups:
+    """Create the groups collectively (every rank, same order) and return this rank's."""
+    if layout.replicas == 1:
+        return PipelineGroups(world_group, None, world_group)
+    pipelines = [dist.new_group(layout.pipeline_ranks(r)) for r in range(layout.replicas)]
+    replicas = [dist.new_group(layout.replica_ranks(s)) for s in range(layout.stages)]
+    return PipelineGroups(pipelines[layout.replica], replicas[layout.stage], world_group)

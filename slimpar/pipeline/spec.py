@@ -1,0 +1,118 @@
+"""What both ends of a pipeline boundary must agree on, derived from the run config.
+
+A ``CodecSpec`` fixes a boundary's codec, widths, anchors, RVQ settings and seed. Sender and receiver
+build their halves from the same spec, so every seed-derived quantity (A's start, the anchor basis P,
+SSN's U and token table) is identical on both ranks without a message. ``StageContext`` carries the
+token ids of the microbatch a stage is processing, which anchors and SSN need on both sides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from slimpar.codecs.packing import UINT16_LIMIT
+
+CODECS = ("none", "bf16", "int8", "mapl", "ssn", "naive")
+PROJECTOR_CODECS = ("mapl", "ssn", "naive")  # codecs that map d -> r numbers per token
+
+
+@dataclass(frozen=True)
+class RVQSpec:
+    levels: int  # Q residual levels
+    codebook: int  # K codes per level
+    decay: float  # EMA decay
+    commitment: float  # commitment-loss weight β
+    sync_every: int  # full codebook every N steps (0: only the first message is full)
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    kind: str  # none | bf16 | int8 | mapl | ssn | naive
+    boundary: int  # p: between stage p and stage p + 1
+    dim: int  # d, the residual width
+    rank: int  # r, the projected width (d for the non-projecting codecs)
+    vocab: int  # V, for anchors, SSN's token table and the id wire format
+    seed: int  # run seed: every seed-derived tensor of the boundary depends on (seed, boundary)
+    anchors: str = "none"  # none | factorized | full
+    anchor_dim: int = 32  # m for factorized anchors
+    anchor_form: str = "symmetric"  # symmetric (both ends hold the table) | receiver
+    ids_on_wire: bool = True  # token ids cross the boundary (2 bytes each) instead of being read locally
+    rvq: RVQSpec | None = None  # residual VQ of the codes (projector codecs only)
+    microbatches: int = 1  # microbatches per step: paces the full codebook pushes
+
+    @property
+    def projected(self) -> bool:
+        return self.kind in PROJECTOR_CODECS
+
+    @property
+    def width(self) -> int:
+        """Numbers per token of the float tensor that crosses (and whose gradient comes back)."""
+        return self.rank if self.projected else self.dim
+
+    @property
+    def needs_ids(self) -> bool:
+        """Both ends look token ids up: anchors and SSN's fixed table."""
+        return self.anchors != "none" or self.kind == "ssn"
+
+    @property
+    def sends_ids(self) -> bool:
+        return self.needs_ids and self.ids_on_wire
+
+    @property
+    def ids_dtype(self) -> torch.dtype:
+        """uint16 bit patterns in int16 (2 bytes) while V <= 65,536, else int32."""
+        return torch.int16 if self.vocab <= UINT16_LIMIT else torch.int32
+
+    @property
+    def shares_anchor(self) -> bool:
+        """The symmetric form keeps a copy of the anchor table on both ends."""
+        return self.anchors != "none" and self.anchor_form == "symmetric"
+
+    @property
+    def identity_init(self) -> bool:
+        """r = d starts A at the identity, which makes the codec exactly lossless at step 0."""
+        return self.rank == self.dim
+
+
+def resolve_rank(codec: str, d: int, rank: int, compression: int) -> int:
+    """r for a projector codec: ``rank`` when set, else d / compression; d for the other codecs."""
+    if codec not in PROJECTOR_CODECS:
+        return d
+    return rank if rank else d // max(compression, 1)
+
+
+def codec_specs(cfg, d: int, vocab: int) -> list[CodecSpec]:
+    """One spec per boundary p = 0..P−2 from ``cfg.pipeline`` (a run Config)."""
+    pc = cfg.pipeline
+    r = resolve_rank(pc.codec, d, pc.rank, pc.compression)
+    rvq = None
+    if pc.rvq.levels:
+        q = pc.rvq
+        rvq = RVQSpec(q.levels, q.codebook, q.decay, q.commitment, q.sync_every)
+    return [
+        CodecSpec(kind=pc.codec, boundary=p, dim=d, rank=r, vocab=vocab, seed=cfg.train.seed,
+                  anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
+                  ids_on_wire=pc.ids == "send", rvq=rvq, microbatches=pc.microbatches)
+        for p in range(pc.stages - 1)
+    ]
+
+
+@dataclass
+class StageContext:
+    """Per-stage runtime state shared by the stage's codec halves: the current microbatch and its ids."""
+
+    microbatch: int = 0
+    ids: dict[int, Tensor] = field(default_factory=dict)  # microbatch -> (mb, T) int64 token ids
+
+    def current_ids(self) -> Tensor:
+        if self.microbatch not in self.ids:
+            raise RuntimeError(f"no token ids for microbatch {self.microbatch}: they were neither received "
+                               "nor provided by the stage's own loader")
+        return self.ids[self.microbatch]
+
+    def set_batch(self, x: Tensor, microbatches: int) -> None:
+        """Split a stage's own (b, T) token batch into the microbatches' ids (pipelining's dim-0 split)."""
+        self.ids = dict(enumerate(torch.tensor_split(x, microbatches, dim=0)))

@@ -1,0 +1,116 @@
+"""Keep the two copies of a boundary's shared parameters identical: gradient exchange, checksum, resync.
+
+Both ends of boundary p hold MAPL's A_p (and, in the symmetric anchor form, the anchor table). Each
+end's backward produces only its own part of the gradient — the sender's (h − o)g_cᵀ, the receiver's
+(∂L/∂ĥ)cᵀ (research/mapl.md §1.1). METHODS.md Part 2 step 1 **Decision**, implemented here:
+
+  every step, after the backward (and after the replicas' gradient average)
+    phase 1 ``post``:   each end rounds its part of every shared parameter to bf16 and sends it to the
+                        other end — A dense (d×r), anchor tables only on the rows of the step's
+                        distinct token ids (u×m; both ends know the ids, so no row indices travel);
+    phase 2 ``finish``: both ends set grad = float(sender part) + float(receiver part), the same bits
+                        on both, so the identical deterministic update (SPEL / AdamW) follows.
+  every ``checksum_every`` steps
+    ``check_post`` / ``check_finish``: both ends exchange an 8-byte digest of each shared parameter;
+                        on any mismatch the sender sends its values and the receiver adopts them.
+                        Optimizer state needs no resync: it is a function of the (identical) gradients.
+
+Why bf16 parts (**Decision**): the exchange is d·r numbers per step against (tokens per step)·r of
+payload; at CPU-scale batches fp32 parts would add 6% to a 4× boundary's traffic. Rounding both parts
+before the sum keeps the two copies bit-identical; the rounding (2⁻⁸ relative) is far below the
+gradient noise and is smoothed by SPEL's momentum. All bytes are counted as ``sync``.
+
+The two phases let both ends post their sends before either waits, on a P2PLink (two ranks) or a
+LocalLink (the virtual pipeline calls post on both ends, then finish on the sender, then the receiver).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import Tensor, nn
+
+from slimpar.pipeline.wire import TAG_CHECK, TAG_SYNC, Link, Packet, WireSpec, wait_all
+
+SYNC_DTYPE = torch.bfloat16
+
+
+def digest(t: Tensor) -> int:
+    """8-byte BLAKE2b digest of a tensor's bytes, as a signed int64."""
+    raw = t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True)
+
+
+class SharedParamSync:
+    """One end (``role`` = "sender" | "receiver") of a boundary's shared-parameter synchronisation."""
+
+    def __init__(self, params: list[tuple[str, nn.Parameter, bool]], role: str, link: Link):
+        if role not in ("sender", "receiver"):
+            raise ValueError(f"role must be 'sender' or 'receiver', got {role!r}")
+        self.params, self.role, self.link = params, role, link
+        self.resyncs = 0
+        self._pending: tuple | None = None
+
+    # -- gradient exchange ------------------------------------------------------------------------
+    def post(self, rows: Tensor | None = None) -> None:
+        """Send this end's bf16 gradient parts; ``rows`` = the step's distinct ids (anchor tables)."""
+        mine = [self._part(p, rows if sparse else None) for _, p, sparse in self.params]
+        sends = self.link.isend([Packet("sync", t) for t in mine], TAG_SYNC)
+        theirs, recvs = self.link.irecv([WireSpec("sync", tuple(t.shape), t.dtype) for t in mine], TAG_SYNC)
+        self._pending = (mine, theirs, rows, sends + recvs)
+
+    def finish(self) -> None:
+        """Wait for the other end's parts and install grad = sender part + receiver part."""
+        mine, theirs, rows, handles = self._pending
+        wait_all(handles)
+        for (_, p, sparse), a, b in zip(self.params, mine, theirs, strict=True):
+            s, r = (a, b) if self.role == "sender" else (b, a)
+            total = s.float() + r.float()  # identical bits on both ends
+            if sparse:
+                g = torch.zeros_like(p)
+                g[rows] = total
+            else:
+                g = total.view_as(p)
+            p.grad = g
+        self._pending = None
+
+    @staticmethod
+    def _part(p: nn.Parameter, rows: Tensor | None) -> Tensor:
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        g = g[rows] if rows is not None else g  # (u, m) rows of an anchor table, or the whole (d, r)
+        return g.detach().to(SYNC_DTYPE).contiguous()
+
+    # -- checksum and resync ----------------------------------------------------------------------
+    def check_post(self) -> None:
+        mine = torch.tensor([digest(p) for _, p, _ in self.params], dtype=torch.int64)
+        sends = self.link.isend([Packet("sync", mine)], TAG_CHECK)
+        (theirs,), recvs = self.link.irecv([WireSpec("sync", tuple(mine.shape), torch.int64)], TAG_CHECK)
+        self._pending = (mine, theirs, sends + recvs)
+
+    def check_finish(self) -> bool:
+        """Compare digests; on a mismatch the receiver adopts the sender's values. True if resynced."""
+        mine, theirs, handles = self._pending
+        wait_all(handles)
+        self._pending = None
+        if torch.equal(mine, theirs):
+            return False
+        values = [p for _, p, _ in self.params]
+        if self.role == "sender":
+            wait_all(self.link.isend([Packet("sync", p.detach()) for p in values], TAG_CHECK))
+        else:
+            bufs, handles = self.link.irecv([WireSpec("sync", tuple(p.shape), p.dtype) for p in values], TAG_CHECK)
+            wait_all(handles)
+            with torch.no_grad():
+                for p, b in zip(values, bufs, strict=True):
+                    p.copy_(b)
+        self.resyncs += 1
+        return True
+
+
+def run_phases(ends: list[SharedParamSync], first: str, second: str, **kwargs) -> list:
+    """Call ``first`` on every end, then ``second`` on every end (senders before receivers)."""
+    for e in ends:
+        getattr(e, first)(**kwargs)
+    order = sorted(ends, key=lambda e: e.role != "sender")
+    return [getattr(e, second)() for e in order]

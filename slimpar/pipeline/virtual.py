@@ -1,0 +1,98 @@
+"""The virtual pipeline: every stage and codec of a pipeline in one process, no process group.
+
+It runs the same ``StageModule``s and boundary messages as the distributed pipeline, through
+``LocalLink``s that count bytes at the send exactly like the P2P links. Per step (microbatches m in
+order, as both GPipe and 1F1B run them on every stage):
+
+  forward   stage s runs microbatch m; its encoder's message goes through link s; stage s + 1
+            decodes it into a fresh leaf (the sender's ``out``, bit for bit)
+  backward  the loss of m is backpropagated through the last stage; each decoder encodes ∂L/∂out for
+            the wire, the encoder decodes it and autograd continues into the previous stage
+  then      parameter gradients / M (the schedule's ``scale_grads``) and the shared-parameter
+            exchange of every boundary (sync.py).
+
+Parameter gradients accumulate over microbatches in the same order as on a real pipeline, so a
+virtual run and a P-process run of the same config agree to rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from slimpar.codecs.anchors import rows_for
+from slimpar.pipeline.split import StageModule
+from slimpar.pipeline.sync import SharedParamSync, run_phases
+from slimpar.pipeline.wire import ByteCounter, LocalLink, recv_message, send_message, wait_all
+
+
+class VirtualPipeline:
+    """``stages`` (all P of them) connected by local links; ``loss_fn(logits, y)`` per microbatch."""
+
+    def __init__(self, stages: list[StageModule], counter: ByteCounter, loss_fn):
+        self.stages, self.counter, self.loss_fn = stages, counter, loss_fn
+        self.links = [LocalLink.pair(p, counter) for p in range(len(stages) - 1)]  # (sender, receiver) ends
+        self.syncs: list[tuple[SharedParamSync, SharedParamSync]] = []
+        for p in range(len(stages) - 1):
+            enc, dec = stages[p].encoder, stages[p + 1].decoder
+            if enc.shared_parameters():
+                self.syncs.append((SharedParamSync(enc.shared_parameters(), "sender", self.links[p][0]),
+                                   SharedParamSync(dec.shared_parameters(), "receiver", self.links[p][1])))
+
+    def set_batch(self, x: Tensor, microbatches: int) -> None:
+        """Stage 0 always knows the ids; the others read them locally unless they arrive on the wire."""
+        for s, stage in enumerate(self.stages):
+            if s == 0 or not (stage.decoder is not None and stage.decoder.spec.sends_ids):
+                stage.context.set_batch(x, microbatches)
+
+    def step(self, x: Tensor, y: Tensor, microbatches: int) -> float:
+        """Forward and backward of one (b, T) batch in ``microbatches`` microbatches; mean loss."""
+        self.set_batch(x, microbatches)
+        losses = [self._microbatch(m, xm, ym) for m, (xm, ym) in
+                  enumerate(zip(torch.tensor_split(x, microbatches), torch.tensor_split(y, microbatches),
+                                strict=True))]
+        for stage in self.stages:
+            for p in stage.parameters():
+                if p.grad is not None:
+                    p.grad.div_(microbatches)
+        self.exchange_shared_grads()
+        return float(torch.stack(losses).mean())
+
+    def _microbatch(self, m: int, x: Tensor, y: Tensor) -> Tensor:
+        outs, leaves, inp = [], [], x
+        shape = tuple(x.shape)
+        for s, stage in enumerate(self.stages):
+            stage.context.microbatch = m
+            if s > 0:
+                inp = self.receive(s - 1, shape).requires_grad_(torch.is_grad_enabled())
+            leaves.append(inp)
+            outs.append(stage(inp))
+            if stage.encoder is not None:
+                wait_all(send_message(self.links[s][0], stage.encoder.outbox.pop(m)))
+        loss = self.loss_fn(outs[-1], y)
+        loss.backward()
+        for s in range(len(self.stages) - 1, 0, -1):
+            self.links[s - 1][1].isend(self.stages[s].decoder.encode_grad(leaves[s].grad), 0)
+            enc = self.stages[s - 1].encoder
+            bufs, handles = self.links[s - 1][0].irecv(enc.grad_spec(shape), 0)
+            wait_all(handles)
+            torch.autograd.backward(outs[s - 1], enc.decode_grad(bufs))
+        return loss.detach()
+
+    def receive(self, boundary: int, shape: tuple[int, int]) -> Tensor:
+        """Decode boundary ``boundary``'s next message into a detached (mb, T, w) tensor."""
+        dec = self.stages[boundary + 1].decoder
+        fixed, extra = recv_message(self.links[boundary][1], dec, shape)
+        return dec.decode(fixed, extra, shape).detach()
+
+    def exchange_shared_grads(self) -> None:
+        ends = [e for pair in self.syncs for e in pair]
+        if not ends:
+            return
+        ids = list(self.stages[0].context.ids.values())
+        run_phases(ends, "post", "finish", rows=rows_for(ids))
+
+    def check_shared(self) -> int:
+        """Checksum every boundary's shared parameters; returns how many boundaries were resynced."""
+        ends = [e for pair in self.syncs for e in pair]
+        return sum(run_phases(ends, "check_post", "check_finish")) // 2 if ends else 0

@@ -1,0 +1,190 @@
+"""What crosses a pipeline boundary, how it is counted, and the two transports that carry it.
+
+Every tensor put on a link is a ``Packet`` with a category — ``payload`` (activations or their
+gradients), ``ids`` (token ids), ``codebook`` (RVQ synchronisation) or ``sync`` (gradient exchange,
+checksums and resyncs of parameters both ends hold) — and is counted by ``ByteCounter`` at the send,
+per (boundary, direction, category). "fwd" is sender → receiver (stage p → p + 1), "bwd" the reverse.
+
+Transports (one ``Link`` per boundary end):
+- ``P2PLink``: ``torch.distributed`` isend/irecv to the peer rank, each channel on its own tag so the
+  extra messages can never be matched with the pipeline schedule's own tag-0 traffic;
+- ``LocalLink``: an in-process pair of queues for the single-process virtual pipeline; it checks the
+  shape and dtype of every receive, so protocol mistakes fail loudly in tests.
+Receives are two-phase (``irecv`` returns buffers and handles; ``wait_all`` completes them), so both
+ends of an exchange can post their sends before either waits, with either transport.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+CATEGORIES = ("payload", "ids", "codebook", "sync")
+DIRECTIONS = ("fwd", "bwd")
+# Tags of the messages slimpar adds next to the schedule's (tag 0) activations and gradients.
+TAG_CODEBOOK = 101  # variable-size codebook rows that follow a header
+TAG_SYNC = 102  # gradient exchange of shared parameters
+TAG_CHECK = 103  # checksums and resyncs
+TAG_EVAL = 104  # evaluation forwards (not counted as training traffic)
+
+
+@dataclass(frozen=True)
+class WireSpec:
+    """Shape and dtype of one tensor a receiver must preallocate."""
+
+    category: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+    def empty(self, device: torch.device | str | None = None) -> Tensor:
+        return torch.empty(self.shape, dtype=self.dtype, device=device)
+
+
+@dataclass
+class Packet:
+    category: str
+    tensor: Tensor
+
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+
+@dataclass
+class Message:
+    """One boundary message: a fixed part whose shapes the receiver knows in advance, and an optional
+    variable tail (codebook rows) whose sizes the fixed part announces."""
+
+    fixed: list[Packet]
+    extra: list[Packet] = field(default_factory=list)
+
+
+class ByteCounter:
+    """Bytes put on the wire by this process, per (boundary, direction, category): totals and last step."""
+
+    def __init__(self) -> None:
+        self.total: dict[tuple[int, str, str], int] = defaultdict(int)
+        self.step: dict[tuple[int, str, str], int] = defaultdict(int)
+        self.steps = 0
+        self.enabled = True  # evaluation traffic is not training traffic
+
+    def add(self, boundary: int, direction: str, category: str, nbytes: int) -> None:
+        if not self.enabled:
+            return
+        if direction not in DIRECTIONS or category not in CATEGORIES:
+            raise ValueError(f"unknown direction/category {direction!r}/{category!r}")
+        key = (boundary, direction, category)
+        self.total[key] += nbytes
+        self.step[key] += nbytes
+
+    def begin_step(self) -> None:
+        self.step = defaultdict(int)
+        self.steps += 1
+
+    def step_bytes(self, direction: str | None = None) -> int:
+        return sum(n for (_, d, _), n in self.step.items() if direction in (None, d))
+
+    def as_rows(self) -> list[list]:
+        """[boundary, direction, category, total bytes] rows, for gathering across ranks."""
+        return [[b, d, c, n] for (b, d, c), n in sorted(self.total.items())]
+
+
+class Link:
+    """One end of a boundary: sends go out in ``direction`` and are counted; receives come from the peer."""
+
+    def __init__(self, boundary: int, direction: str, counter: ByteCounter):
+        self.boundary, self.direction, self.counter = boundary, direction, counter
+
+    def count(self, packets: list[Packet]) -> None:
+        for p in packets:
+            self.counter.add(self.boundary, self.direction, p.category, p.nbytes())
+
+    def isend(self, packets: list[Packet], tag: int) -> list:
+        raise NotImplementedError
+
+    def irecv(self, specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:
+        raise NotImplementedError
+
+
+class P2PLink(Link):
+    """torch.distributed point-to-point to ``peer`` (a global rank) within ``group``."""
+
+    def __init__(self, boundary: int, direction: str, counter: ByteCounter, peer: int,
+                 group: dist.ProcessGroup | None, device: torch.device | str = "cpu"):
+        super().__init__(boundary, direction, counter)
+        self.peer, self.group, self.device = peer, group, device
+
+    def isend(self, packets: list[Packet], tag: int) -> list:
+        self.count(packets)
+        return [dist.isend(p.tensor.contiguous(), dst=self.peer, group=self.group, tag=tag) for p in packets]
+
+    def irecv(self, specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:
+        bufs = [s.empty(self.device) for s in specs]
+        return bufs, [dist.irecv(b, src=self.peer, group=self.group, tag=tag) for b in bufs]
+
+
+class _LocalReceive:
+    """Deferred receive from a LocalLink queue: copies into the buffers on ``wait``."""
+
+    def __init__(self, queue: deque, bufs: list[Tensor]):
+        self.queue, self.bufs = queue, bufs
+
+    def wait(self) -> None:
+        for buf in self.bufs:
+            if not self.queue:
+                raise RuntimeError("local link: receive posted with nothing sent (protocol order error)")
+            t = self.queue.popleft()
+            if t.shape != buf.shape or t.dtype != buf.dtype:
+                raise RuntimeError(f"local link: expected {tuple(buf.shape)} {buf.dtype}, got "
+                                   f"{tuple(t.shape)} {t.dtype}")
+            buf.copy_(t)
+
+
+class LocalLink(Link):
+    """In-process link: a queue per direction, shared by the two ends built by ``LocalLink.pair``."""
+
+    def __init__(self, boundary: int, direction: str, counter: ByteCounter, out: deque, inbox: deque):
+        super().__init__(boundary, direction, counter)
+        self.out, self.inbox = out, inbox
+
+    @classmethod
+    def pair(cls, boundary: int, counter: ByteCounter) -> tuple[LocalLink, LocalLink]:
+        """(sender end, receiver end) of boundary ``boundary``."""
+        fwd, bwd = deque(), deque()
+        return cls(boundary, "fwd", counter, fwd, bwd), cls(boundary, "bwd", counter, bwd, fwd)
+
+    def isend(self, packets: list[Packet], tag: int) -> list:
+        self.count(packets)
+        self.out.extend(p.tensor.detach().clone() for p in packets)  # a copy: the wire does not alias
+        return []
+
+    def irecv(self, specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:
+        bufs = [s.empty() for s in specs]
+        return bufs, [_LocalReceive(self.inbox, bufs)] if bufs else []
+
+
+def wait_all(handles: list) -> None:
+    for h in handles:
+        h.wait()
+
+
+def send_message(link: Link, msg: Message, tag: int = 0, extra_tag: int = TAG_CODEBOOK) -> list:
+    """Send a message's fixed part (on ``tag``) and its variable tail (on ``extra_tag``)."""
+    return link.isend(msg.fixed, tag) + link.isend(msg.extra, extra_tag)
+
+
+def recv_message(link: Link, decoder, shape: tuple[int, int], tag: int = 0,
+                 extra_tag: int = TAG_CODEBOOK) -> tuple[list[Tensor], list[Tensor]]:
+    """Receive a message for ``decoder`` (fixed part first, then the tail it announces)."""
+    fixed, handles = link.irecv(decoder.fixed_spec(shape), tag)
+    wait_all(handles)
+    extra, handles = link.irecv(decoder.extra_spec(fixed), extra_tag)
+    wait_all(handles)
+    return fixed, extra
