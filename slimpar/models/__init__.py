@@ -1,0 +1,7 @@
+"""Single-device models (no torch.distributed here): parallelism is applied from outside."""
+
+from slimpar.models.llama import Llama, LlamaConfig
+from slimpar.models.resnet import ResNet, ResNetConfig, resnet18, wrn18
+from slimpar.models.swin import Swin, SwinConfig
+
+__all__ = ["Llama", "LlamaConfig", "ResNet", "ResNetConfig", "resnet18", "wrn18", "Swin", "SwinConfig"]

@@ -1,0 +1,7 @@
+"""Subnetwork Data Parallelism: plan (pure), apply (build a worker's subnetwork), sync (holder groups)."""
+
+from slimpar.sdp.components import Component, PlanError, model_components
+from slimpar.sdp.plan import Plan, analytic_bytes_per_step, plan_blocks, plan_components, plan_neurons
+
+__all__ = ["Component", "Plan", "PlanError", "analytic_bytes_per_step", "model_components", "plan_blocks",
+           "plan_components", "plan_neurons"]

@@ -37,23 +37,26 @@ class SubnetworkDataParallel(nn.Module):
         module: the full model (identical on every rank, e.g. built from the same seed).
         plan: the mask plan (``slimpar.sdp.plan_blocks`` / ``plan_neurons``); worker i = rank i.
         regime: "forward" (run the subnetwork) or "backward" (full forward, masked gradients).
-        group: the group of all SDP workers (default WORLD); None only when world size is 1.
+        group: the group of all SDP workers (default: WORLD when torch.distributed is initialized,
+            else a single process with no communication).
         bucket_mb: bucket size for gradient all-reduces.
         refresh_every: backward regime: refresh non-held blocks every T steps.
     """
 
     def __init__(self, module: nn.Module, plan: Plan, regime: str = "forward",
-                 group: dist.ProcessGroup | None = dist.group.WORLD, bucket_mb: float = 25.0,
+                 group: dist.ProcessGroup | None = None, bucket_mb: float = 25.0,
                  refresh_every: int = 1, overlap: bool = True, shared_names: list[str] | None = None,
                  fsdp: int = 1, parallelize=None):
         super().__init__()
+        if group is None and dist.is_initialized():
+            group = dist.group.WORLD
         self.plan, self.regime, self.group, self.refresh_every = plan, regime, group, refresh_every
         self.fsdp = fsdp
         grank = dist.get_rank(group) if group is not None else 0
         self.rank, self.shard = divmod(grank, fsdp)  # SDP worker index and FSDP shard index
         world = dist.get_world_size(group) if group is not None else 1
         if plan.world_size * fsdp != world:
-            raise ValueError(f"the plan is for {plan.world_size} workers x {fsdp} FSDP shards but the group has {world}")
+            raise ValueError(f"the plan is for {plan.world_size} workers x {fsdp} FSDP shards; the group has {world}")
         if fsdp > 1 and regime != "forward":
             raise ValueError("SDP with FSDP2 shards forward-masked subnetworks (regime='forward')")
         if shared_names is None and plan.shared_params:

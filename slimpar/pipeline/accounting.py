@@ -1,0 +1,71 @@
+"""Run-level communication accounting of a pipeline: per-rank counters → the numbers in summary.json.
+
+Each rank counts what it sends (wire.ByteCounter): a boundary's forward bytes on its sender, its
+backward bytes on its receiver. ``summarize`` merges the ranks' totals into bytes per training step
+for one pipeline (replicas send the same and are averaged out), per boundary, direction and category,
+and compares them with the uncompressed pipeline's bytes for the same model and batch, which are
+analytic: every boundary sends (tokens per step) · d float32 numbers each way.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from slimpar.pipeline.wire import CATEGORIES, DIRECTIONS
+
+
+def none_bytes_per_step(stages: int, tokens_per_step: int, d: int) -> int:
+    """Bytes per direction per step of the uncompressed pipeline: (P − 1) boundaries × N tokens × d × 4."""
+    return (stages - 1) * tokens_per_step * d * 4
+
+
+def summarize(per_rank: list[dict], stages: int, replicas: int, tokens_per_step: int, d: int) -> dict:
+    """summary.json entries from every rank's ``rank_stats`` (see strategy)."""
+    steps = max((r["steps"] for r in per_rank), default=0) or 1
+    per_boundary: dict[int, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    sums = dict.fromkeys(DIRECTIONS, 0.0)
+    for r in per_rank:
+        for b, direction, cat, n in r["rows"]:
+            value = n / replicas / steps
+            per_boundary[b][direction][cat] = per_boundary[b][direction].get(cat, 0.0) + value
+            sums[direction] += value
+    none = none_bytes_per_step(stages, tokens_per_step, d)
+    out = {
+        "comm_bytes_per_step_fwd": sums["fwd"],
+        "comm_bytes_per_step_bwd": sums["bwd"],
+        "comm_bytes_per_step_none": none,
+        "compression_ratio": 2 * none / max(sums["fwd"] + sums["bwd"], 1e-12),
+        "compression_ratio_fwd": none / max(sums["fwd"], 1e-12),
+        "compression_ratio_bwd": none / max(sums["bwd"], 1e-12),
+        "bytes_fraction_fwd": sums["fwd"] / none,
+        "bytes_fraction_bwd": sums["bwd"] / none,
+        "comm_breakdown": {f"b{b}": {d_: {c: v[d_].get(c, 0.0) for c in CATEGORIES} for d_ in DIRECTIONS}
+                           for b, v in sorted(per_boundary.items())},
+        "max_orth_error": max((r["max_orth"] for r in per_rank), default=0.0),
+        "spel_time_share": max((r["spel_s"] / r["step_s"] for r in per_rank if r["step_s"] > 0), default=0.0),
+        "shared_param_resyncs": sum(r["resyncs"] for r in per_rank),
+        "codebook_messages": _merge_counts(r.get("codebook_messages", {}) for r in per_rank),
+        "pipeline_train_steps_counted": steps,
+    }
+    return out
+
+
+def _merge_counts(items) -> dict[str, int]:
+    total: dict[str, int] = defaultdict(int)
+    for item in items:
+        for k, v in item.items():
+            total[k] += v
+    return dict(total)
+
+
+def summary_rows(summary: dict) -> list[tuple[str, str]]:
+    """Rows for the closing table of ``slimpar train``."""
+    from slimpar.train.metrics import fmt_bytes
+
+    rows = [("pipeline bytes / step fwd (all boundaries)", fmt_bytes(summary.get("comm_bytes_per_step_fwd"))),
+            ("pipeline bytes / step bwd (all boundaries)", fmt_bytes(summary.get("comm_bytes_per_step_bwd"))),
+            ("  uncompressed, each direction", fmt_bytes(summary.get("comm_bytes_per_step_none"))),
+            ("compression ratio (fwd + bwd)", f"{summary.get('compression_ratio', 0):.2f}x"),
+            ("max |AᵀA − I|", f"{summary.get('max_orth_error', 0):.1e}"),
+            ("SPEL share of step time", f"{100 * summary.get('spel_time_share', 0):.1f}%")]
+    return rows

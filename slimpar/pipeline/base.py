@@ -1,0 +1,156 @@
+"""What the distributed and the virtual pipeline strategies share: optimizer, clipping, metrics, export.
+
+The trainer talks to a pipeline through the same duck-typed strategy interface as to DDP or SDP
+(see slimpar.train.trainer): ``train_step`` runs the schedule, ``clip_grad_norm`` clips by the
+global norm over all stages, ``reduce_loss`` / ``step_metrics`` / ``summary_extras`` report.
+Subclasses provide ``_sum_pipeline`` (sum a float64 tensor over the stages of one pipeline),
+``_gather`` (every rank's object on rank 0) and the step itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from slimpar.codecs.projector import stiefel_parameters
+from slimpar.optim.spel import SPELAdamW
+from slimpar.pipeline import accounting
+from slimpar.pipeline.split import StageModule
+from slimpar.pipeline.ssn import effective_state_dict
+from slimpar.pipeline.wire import ByteCounter
+
+
+class PipelineStrategyBase:
+    name = "pipeline"
+    eval_sharded = False
+
+    def __init__(self, cfg, stages: list[StageModule], replica: int, replicas: int):
+        self.cfg, self.stages = cfg, stages
+        self.model: nn.Module = stages[0] if len(stages) == 1 else nn.ModuleDict({f"stage{s.stage}": s for s in stages})
+        self.module = self.model
+        self.dp_rank, self.dp_world = replica, replicas
+        self.counter = ByteCounter()
+        self.optimizer: SPELAdamW | None = None
+        self.max_orth = self.last_orth = 0.0
+        self.spel_seconds = self.step_seconds = 0.0
+        self._t0 = time.perf_counter()
+        self._stats: dict = {}
+        self._summary: dict = {}
+
+    # -- parameters and optimizer -----------------------------------------------------------------
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    def build_optimizer(self, cfg) -> SPELAdamW:
+        """SPEL on every Stiefel projector copy, AdamW (decay on matrices only) on everything else."""
+        t, pc = cfg.train, cfg.pipeline
+        stiefel = stiefel_parameters(self.model)
+        skip = {id(p) for p in stiefel}
+        rest = [p for p in self.parameters() if id(p) not in skip]
+        groups = [{"params": stiefel, "manifold": "stiefel", "lr": pc.spel_lr, "momentum": pc.spel_momentum,
+                   "backend": pc.polar},
+                  {"params": [p for p in rest if p.dim() >= 2], "weight_decay": t.weight_decay},
+                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+        self.optimizer = SPELAdamW([g for g in groups if g["params"]], lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8,
+                                   weight_decay=t.weight_decay)
+        return self.optimizer
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        yield
+
+    def after_backward(self) -> None:
+        """Nothing left: the schedule, replica average and shared-gradient exchange ran in train_step."""
+
+    def _begin_step(self) -> None:
+        self._t0 = time.perf_counter()
+        self.counter.begin_step()
+
+    def after_step(self) -> None:
+        self.step_seconds += time.perf_counter() - self._t0
+        if self.optimizer is not None:
+            self.spel_seconds += self.optimizer.last_spel_seconds
+            self.last_orth = self.optimizer.last_orth_error
+            self.max_orth = max(self.max_orth, self.last_orth)
+
+    # -- clipping ---------------------------------------------------------------------------------
+    def _owned(self) -> list[nn.Parameter]:
+        """Local parameters counted in the global norm: a receiver's copy of a shared parameter is not."""
+        copies = {id(p) for s in self.stages if s.decoder is not None for _, p, _ in s.decoder.shared_parameters()}
+        return [p for p in self.parameters() if id(p) not in copies]
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip by the norm over all stages of one pipeline, the same factor on every stage."""
+        sq = torch.zeros((), dtype=torch.float64)
+        for p in self._owned():
+            if p.grad is not None:
+                sq += torch.linalg.vector_norm(p.grad).double() ** 2
+        sq = self._sum_pipeline(sq.reshape(1))
+        total = math.sqrt(float(sq))
+        coef = max_norm / (total + 1e-6)
+        if coef < 1.0:
+            for p in self.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        return total
+
+    def _sum_pipeline(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    # -- metrics ----------------------------------------------------------------------------------
+    def rank_stats(self) -> dict:
+        msgs: dict[str, int] = {}
+        for s in self.stages:
+            if s.encoder is not None and s.encoder.codebook is not None:
+                msgs = {k: msgs.get(k, 0) + v for k, v in s.encoder.codebook.messages.items()}
+        return {"rows": self.counter.as_rows(), "steps": self.counter.steps, "max_orth": self.max_orth,
+                "spel_s": self.spel_seconds, "step_s": self.step_seconds, "resyncs": self._resyncs(),
+                "codebook_messages": msgs}
+
+    def _resyncs(self) -> int:
+        return 0
+
+    def extra_metrics(self) -> dict:
+        """This rank's boundary bytes in the step just run (compare with the c10d ``send`` count)."""
+        per_cat: dict[str, int] = {}
+        for (b, d, c), n in self.counter.step.items():
+            key = f"b{b}_{d}_{c}"
+            per_cat[key] = per_cat.get(key, 0) + n
+        return {"pipeline_bytes_sent": self.counter.step_bytes(), "pipeline_bytes_fwd": self.counter.step_bytes("fwd"),
+                "pipeline_bytes_bwd": self.counter.step_bytes("bwd"), "pipeline_bytes_by_key": per_cat,
+                "orth_error": self.last_orth}
+
+    def step_metrics(self) -> dict:
+        return dict(self._stats)
+
+    def _tokens_per_step(self) -> int:
+        return self.cfg.train.batch_size // self.dp_world * self.cfg.data.seq_len
+
+    def _summarize(self, per_rank: list[dict]) -> None:
+        d = self.stages[0].model.cfg.dim
+        self._summary = accounting.summarize(per_rank, self.cfg.pipeline.stages, self.dp_world,
+                                             self._tokens_per_step(), d)
+
+    def summary_extras(self) -> dict:
+        return dict(self._summary)
+
+    def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
+        return accounting.summary_rows(summary)
+
+    # -- export -----------------------------------------------------------------------------------
+    def local_state_dict(self) -> dict[str, torch.Tensor]:
+        """This process's stages as full-model names (SSN layers as plain weights) + ``codecs.*``."""
+        out: dict[str, torch.Tensor] = {}
+        for s in self.stages:
+            out.update({k: v.detach().cpu().clone() for k, v in effective_state_dict(s.model).items()})
+            out.update({f"codecs.{k}": v.detach().cpu().clone() for k, v in s.codecs.state_dict().items()
+                        if isinstance(v, torch.Tensor)})
+        return out

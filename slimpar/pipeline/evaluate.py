@@ -1,0 +1,89 @@
+"""Validation through the pipeline: the same stages and codecs as training, so compression is measured.
+
+Each validation batch (the whole batch is one microbatch) runs forward through the stages this process
+holds: stage s decodes the message of boundary s − 1, runs its blocks, and its encoder's message goes
+to stage s + 1 (on a P2P link with the evaluation tag, or a local link in the virtual pipeline). The
+codec halves are in eval mode: RVQ codebooks do not move, so no codebook message is needed and the
+receiver decodes with the version it holds. Token ids are read locally (every rank builds the same
+validation batches); evaluation traffic is not added to the training byte counts.
+
+Data-parallel replicas evaluate disjoint shares of the batches; the last stage's sums of nll, tokens
+and target bytes are all-reduced over every rank (other ranks add zeros). Keys match
+slimpar.train.evaluate: ``val_loss``, ``val_perplexity``, ``val_bits_per_byte``, ``val_<split>_*``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from slimpar.pipeline.split import StageModule
+from slimpar.pipeline.wire import TAG_EVAL, ByteCounter, Link, recv_message, send_message, wait_all
+
+
+def val_splits(data, cfg) -> dict[str, list]:
+    e = cfg.eval
+    return {s: data.val_batches(s, e.batch_size, e.batches, cfg.data.seq_len) for s in data.val_streams}
+
+
+def forward_batch(stages: list[StageModule], links_in: dict[int, Link], links_out: dict[int, Link],
+                  x: torch.Tensor) -> torch.Tensor | None:
+    """Run the held stages (in order) on one batch; logits if the last stage is held, else None."""
+    shape, out = tuple(x.shape), None
+    for stage in stages:
+        stage.context.set_batch(x, 1)
+        stage.context.microbatch = 0
+        inp = x
+        if stage.decoder is not None:
+            fixed, extra = recv_message(links_in[stage.stage - 1], stage.decoder, shape, TAG_EVAL, TAG_EVAL)
+            inp = stage.decoder.decode(fixed, extra, shape)
+        out = stage(inp)
+        if stage.encoder is not None:
+            wait_all(send_message(links_out[stage.stage], stage.encoder.outbox.pop(0), TAG_EVAL, TAG_EVAL))
+            out = None
+    return out
+
+
+@torch.no_grad()
+def evaluate_pipeline(stages: list[StageModule], links_in: dict[int, Link], links_out: dict[int, Link],
+                      counter: ByteCounter, data, cfg, replica: int = 0, replicas: int = 1,
+                      reduce: Callable[[torch.Tensor], None] | None = None) -> dict[str, float]:
+    """Validation metrics through ``stages``; ``reduce`` sums a float64 tensor over ranks (None: local)."""
+    modes = [s.training for s in stages]
+    for s in stages:
+        s.eval()
+    counter.enabled = False
+    results: dict[str, float] = {}
+    try:
+        for split, batches in val_splits(data, cfg).items():
+            sums = torch.zeros(3, dtype=torch.float64)  # nll (nats), tokens, target bytes
+            for i, (x, y) in enumerate(batches):
+                if i % replicas != replica:
+                    continue
+                logits = forward_batch(stages, links_in, links_out, x)
+                if logits is not None:
+                    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum")
+                    sums += torch.tensor([float(nll), y.numel(), float(data.target_bytes(y) or 0)], dtype=torch.float64)
+            if reduce is not None:
+                reduce(sums)
+            results.update(_metrics(split, *sums.tolist()))
+    finally:
+        counter.enabled = True
+        for s, mode in zip(stages, modes, strict=True):
+            s.train(mode)
+    return results
+
+
+def _metrics(split: str, nll: float, count: float, nbytes: float) -> dict[str, float]:
+    loss = nll / max(count, 1)
+    prefix = "val" if split in ("heldout", "test") else f"val_{split}"
+    return {f"{prefix}_loss": loss, f"{prefix}_perplexity": math.exp(min(loss, 50.0)),
+            f"{prefix}_bits_per_byte": nll / math.log(2) / nbytes if nbytes else float("nan")}
+
+
+def all_reduce_sum(group: dist.ProcessGroup) -> Callable[[torch.Tensor], None]:
+    return lambda t: dist.all_reduce(t, group=group)

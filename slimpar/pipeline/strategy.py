@@ -1,0 +1,195 @@
+"""Compressed pipeline parallelism behind the trainer's strategy interface (METHODS.md Part 2).
+
+``PipelineStrategy`` — one process per stage and replica (workers = P × R, groups.py). A step:
+  1. every ``pipeline.checksum_every`` steps: checksum the shared parameters of each boundary
+     (A and symmetric anchor tables) against the other end; resync from the sender on a mismatch;
+  2. the schedule (GPipe or 1F1B from torch.distributed.pipelining) runs M microbatches through a
+     ``CodecPipelineStage``: compressed messages forward, compressed gradients backward, every byte
+     counted at the send (stage.py);
+  3. replicas of a stage average their gradients (one all-reduce over the stage's replica group);
+  4. both ends of each boundary sum their parts of the shared parameters' gradients (sync.py);
+then the trainer clips by the global norm over the pipeline and steps SPEL + AdamW on every rank.
+``VirtualPipelineStrategy`` runs the same stages and codecs in one process (virtual.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+from slimpar.codecs.anchors import rows_for
+from slimpar.pipeline.base import PipelineStrategyBase
+from slimpar.pipeline.evaluate import all_reduce_sum, evaluate_pipeline
+from slimpar.pipeline.groups import PipelineLayout, build_groups
+from slimpar.pipeline.spec import codec_specs
+from slimpar.pipeline.split import build_stages
+from slimpar.pipeline.stage import CodecPipelineStage
+from slimpar.pipeline.sync import SharedParamSync, run_phases
+from slimpar.pipeline.virtual import VirtualPipeline
+from slimpar.train.build import loss_fn
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+def _stages_of(cfg, model, which: list[int]) -> list:
+    from slimpar.parallel.ac import apply_ac
+
+    specs = codec_specs(cfg, model.cfg.dim, model.cfg.vocab_size)
+    ssn_rank = specs[0].rank if cfg.pipeline.codec == "ssn" else 0
+    stages = build_stages(model, cfg.pipeline.stages, which, specs, ssn_rank)
+    if cfg.train.activation_checkpointing:
+        for s in stages:
+            apply_ac(s.model.layers)
+    return stages
+
+
+def _checksum_due(cfg, step: int) -> bool:
+    every = cfg.pipeline.checksum_every
+    return bool(every) and step > 0 and step % every == 0
+
+
+class PipelineStrategy(PipelineStrategyBase):
+    """One stage of one replica's pipeline on this rank."""
+
+    def __init__(self, cfg, model, ctx):
+        layout = PipelineLayout.of(cfg.pipeline.stages, ctx.world, ctx.rank)
+        self.layout, self.ctx = layout, ctx
+        self.groups = build_groups(layout, ctx.group)
+        stage = _stages_of(cfg, model, [layout.stage])[0].to(ctx.device)
+        super().__init__(cfg, [stage], layout.replica, layout.replicas)
+        mb = cfg.train.batch_size // layout.replicas // cfg.pipeline.microbatches
+        self.pp_stage = CodecPipelineStage(stage, (mb, cfg.data.seq_len), model.cfg.vocab_size, ctx.device,
+                                           self.groups.pipeline, layout.peers(), self.counter)
+        self.schedule = SCHEDULES[cfg.pipeline.schedule](self.pp_stage, n_microbatches=cfg.pipeline.microbatches,
+                                                         loss_fn=loss_fn)
+        self.syncs = []
+        if stage.decoder is not None and stage.decoder.shared_parameters():
+            self.syncs.append(SharedParamSync(stage.decoder.shared_parameters(), "receiver", self.pp_stage.prev))
+        if stage.encoder is not None and stage.encoder.shared_parameters():
+            self.syncs.append(SharedParamSync(stage.encoder.shared_parameters(), "sender", self.pp_stage.next))
+
+    @property
+    def stage(self):
+        return self.stages[0]
+
+    def train_step(self, step: int, batch_fn) -> float:
+        self._begin_step()
+        if _checksum_due(self.cfg, step) and self.syncs:
+            run_phases(self.syncs, "check_post", "check_finish")
+        x, y = batch_fn(step, 0)  # this replica's (b, T) batch: every stage reads it (ids, targets)
+        stage, m = self.stage, self.cfg.pipeline.microbatches
+        if stage.decoder is None or not stage.decoder.spec.sends_ids:
+            stage.context.set_batch(x, m)
+        losses: list[torch.Tensor] = []
+        if self.pp_stage.is_first:
+            self.schedule.step(x)
+        elif self.pp_stage.is_last:
+            self.schedule.step(target=y, losses=losses)
+        else:
+            self.schedule.step()
+        self._replica_average()
+        if self.syncs:
+            run_phases(self.syncs, "post", "finish", rows=rows_for(list(stage.context.ids.values())))
+        return float(torch.stack(losses).detach().mean()) if losses else float("nan")
+
+    def _replica_average(self) -> None:
+        """DDP-style: average each gradient over the R replicas of this stage (one flat all-reduce)."""
+        if self.groups.replica is None:
+            return
+        params = [p for p in self.parameters() if p.grad is not None]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, group=self.groups.replica)
+        flat /= self.layout.replicas
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+
+    def _sum_pipeline(self, t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, group=self.groups.pipeline)
+        return t
+
+    def _resyncs(self) -> int:
+        return sum(s.resyncs for s in self.syncs)
+
+    def reduce_loss(self, value: float) -> float:
+        """The last stages' mean loss on every rank; also gathers this step's bytes and orthogonality."""
+        last = self.pp_stage.is_last
+        t = torch.tensor([value if last else 0.0, 1.0 if last else 0.0, self.counter.step_bytes("fwd"),
+                          self.counter.step_bytes("bwd")], dtype=torch.float64)
+        dist.all_reduce(t, group=self.groups.world)
+        orth = torch.tensor([self.last_orth], dtype=torch.float64)
+        dist.all_reduce(orth, op=dist.ReduceOp.MAX, group=self.groups.world)
+        r = self.layout.replicas
+        self._stats = {"pp_bytes_fwd": t[2].item() / r, "pp_bytes_bwd": t[3].item() / r,
+                       "orth_error": orth.item()}
+        return t[0].item() / t[1].item() if t[1].item() else math.nan
+
+    def evaluate(self, data, cfg) -> dict:
+        s = self.stage.stage
+        links_in = {s - 1: self.pp_stage.prev} if self.pp_stage.prev is not None else {}
+        links_out = {s: self.pp_stage.next} if self.pp_stage.next is not None else {}
+        out = evaluate_pipeline([self.stage], links_in, links_out, self.counter, data, cfg, self.layout.replica,
+                                self.layout.replicas, all_reduce_sum(self.groups.world))
+        per_rank = [None] * self.ctx.world
+        dist.all_gather_object(per_rank, self.rank_stats(), group=self.groups.world)
+        self._summarize(per_rank)
+        return out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full model (and codecs) on rank 0; replica 0's stages send theirs."""
+        mine = self.local_state_dict() if self.layout.replica == 0 else None
+        parts = [None] * self.ctx.world if self.ctx.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0, group=self.groups.world)
+        out: dict[str, torch.Tensor] = {}
+        for part in parts or []:
+            out.update(part or {})
+        return out
+
+
+class VirtualPipelineStrategy(PipelineStrategyBase):
+    """All P stages in this process (``pipeline.virtual = true``)."""
+
+    def __init__(self, cfg, model, ctx):
+        stages = [s.to(ctx.device) for s in _stages_of(cfg, model, list(range(cfg.pipeline.stages)))]
+        super().__init__(cfg, stages, 0, 1)
+        self.pipe = VirtualPipeline(stages, self.counter, loss_fn)
+        self.resyncs = 0
+
+    def train_step(self, step: int, batch_fn) -> float:
+        self._begin_step()
+        if _checksum_due(self.cfg, step):
+            self.resyncs += self.pipe.check_shared()
+        x, y = batch_fn(step, 0)
+        return self.pipe.step(x, y, self.cfg.pipeline.microbatches)
+
+    def _resyncs(self) -> int:
+        return self.resyncs
+
+    def reduce_loss(self, value: float) -> float:
+        self._stats = {"pp_bytes_fwd": self.counter.step_bytes("fwd"), "pp_bytes_bwd": self.counter.step_bytes("bwd"),
+                       "orth_error": self.last_orth}
+        return value
+
+    def evaluate(self, data, cfg) -> dict:
+        links_in = {p: pair[1] for p, pair in enumerate(self.pipe.links)}
+        links_out = {p: pair[0] for p, pair in enumerate(self.pipe.links)}
+        out = evaluate_pipeline(self.stages, links_in, links_out, self.counter, data, cfg)
+        self._summarize([self.rank_stats()])
+        return out
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.local_state_dict()
+
+
+def build_pipeline_strategy(cfg, model, ctx):
+    """The strategy ``parallel.mode = "pipeline"`` asks for (called by slimpar.train.trainer)."""
+    if cfg.pipeline.virtual:
+        return VirtualPipelineStrategy(cfg, model, ctx)
+    if ctx.group is None:
+        raise RuntimeError("a distributed pipeline needs a process group; use --pipeline.virtual true for one process")
+    return PipelineStrategy(cfg, model, ctx)

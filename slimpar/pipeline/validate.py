@@ -1,0 +1,120 @@
+"""Start-up checks for ``parallel.mode = "pipeline"``: every message names the fix.
+
+Called by slimpar.train.validate before any process or group exists; the model's width and depth come
+from the named size (the vocabulary is not known yet and is checked where the model is built).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from slimpar.pipeline.spec import CODECS, PROJECTOR_CODECS, resolve_rank
+
+if TYPE_CHECKING:
+    from slimpar.train.config import Config
+
+MAX_STAGES = 8
+MAX_CODEBOOK = 1 << 16
+
+
+def validate_pipeline(cfg: Config) -> None:
+    """Raise ConfigError for the first impossible pipeline setting."""
+    from slimpar.models.llama import LlamaConfig
+    from slimpar.train.config import ConfigError
+
+    if cfg.model.arch != "llama":
+        raise ConfigError(f"parallel.mode = 'pipeline' splits LLaMA models into stages; model.arch = "
+                          f"{cfg.model.arch!r} is not supported (use --model.arch llama)")
+    lc = LlamaConfig.from_run(cfg)
+    _check_choices(cfg)
+    _check_layout(cfg, lc.n_layers)
+    _check_codec(cfg, lc.dim)
+    _check_rvq(cfg)
+    if lc.tie_embeddings:
+        raise ConfigError("pipeline stages cannot share a tied token embedding and output head (stage 0 holds "
+                          "the embedding, the last stage the head); add --model.tie_embeddings false")
+    if cfg.train.grad_accum != 1:
+        raise ConfigError("pipeline microbatches replace gradient accumulation; set --train.grad_accum 1 and "
+                          "use --pipeline.microbatches")
+
+
+def _check_choices(cfg: Config) -> None:
+    from slimpar.train.validate import _choice
+
+    pc = cfg.pipeline
+    _choice("pipeline.schedule", pc.schedule, ("gpipe", "1f1b"))
+    _choice("pipeline.codec", pc.codec, CODECS)
+    _choice("pipeline.anchors", pc.anchors, ("none", "factorized", "full"))
+    _choice("pipeline.anchor_form", pc.anchor_form, ("symmetric", "receiver"))
+    _choice("pipeline.ids", pc.ids, ("send", "local"))
+    _choice("pipeline.polar", pc.polar, ("polar_express", "eigh"))
+
+
+def _check_layout(cfg: Config, n_layers: int) -> None:
+    from slimpar.train.config import ConfigError
+
+    pc, workers = cfg.pipeline, cfg.parallel.workers
+    if not 2 <= pc.stages <= MAX_STAGES:
+        raise ConfigError(f"pipeline.stages must be between 2 and {MAX_STAGES}, got {pc.stages}")
+    if pc.stages > n_layers:
+        raise ConfigError(f"pipeline.stages = {pc.stages} is more than the model's {n_layers} blocks "
+                          "(at most one stage per block); lower --pipeline.stages")
+    if pc.virtual and workers != 1:
+        raise ConfigError("pipeline.virtual = true runs every stage in one process; set --parallel.workers 1")
+    if not pc.virtual and (workers < pc.stages or workers % pc.stages):
+        raise ConfigError(f"parallel.workers = {workers} must be a multiple of pipeline.stages = {pc.stages} "
+                          "(one process per stage and replica); or run in one process with --pipeline.virtual true")
+    replicas = 1 if pc.virtual else workers // pc.stages
+    if pc.microbatches < 1:
+        raise ConfigError(f"pipeline.microbatches must be >= 1, got {pc.microbatches}")
+    per_replica = cfg.train.batch_size // replicas
+    if cfg.train.batch_size % replicas or per_replica % pc.microbatches:
+        raise ConfigError(f"pipeline.microbatches = {pc.microbatches} must divide the per-replica batch "
+                          f"({cfg.train.batch_size} / {replicas} replicas = {cfg.train.batch_size / replicas:g})")
+    if pc.schedule == "1f1b" and pc.microbatches < pc.stages:
+        raise ConfigError(f"the 1F1B schedule needs pipeline.microbatches >= pipeline.stages "
+                          f"({pc.microbatches} < {pc.stages}); raise --pipeline.microbatches or use gpipe")
+
+
+def _check_codec(cfg: Config, d: int) -> None:
+    from slimpar.train.config import ConfigError
+
+    pc = cfg.pipeline
+    if pc.rank < 0 or pc.compression < 1:
+        raise ConfigError(f"pipeline.rank must be >= 0 and pipeline.compression >= 1, got {pc.rank}, {pc.compression}")
+    if pc.codec in PROJECTOR_CODECS:
+        if pc.rank > d:
+            raise ConfigError(f"pipeline.rank = {pc.rank} is larger than the model width d = {d}; choose r <= d")
+        if not pc.rank and d % pc.compression:
+            raise ConfigError(f"pipeline.compression = {pc.compression} does not divide d = {d}; "
+                              "set --pipeline.rank r instead")
+        if resolve_rank(pc.codec, d, pc.rank, pc.compression) < 1:
+            raise ConfigError(f"pipeline.compression = {pc.compression} leaves rank 0 for d = {d}")
+    if pc.anchors != "none":
+        if pc.codec not in ("mapl", "naive"):
+            raise ConfigError(f"pipeline.anchors = {pc.anchors!r} needs a learned projector codec (mapl or naive); "
+                              f"codec {pc.codec!r} {'has its own fixed token table' if pc.codec == 'ssn' else 'sends d numbers'}")
+        if pc.anchors == "factorized" and not 0 < pc.anchor_dim <= d:
+            raise ConfigError(f"pipeline.anchor_dim = {pc.anchor_dim} must be between 1 and d = {d}")
+    if pc.spel_lr <= 0 or not 0 <= pc.spel_momentum < 1:
+        raise ConfigError(f"pipeline.spel_lr must be > 0 and spel_momentum in [0, 1), got {pc.spel_lr}, "
+                          f"{pc.spel_momentum}")
+    if pc.checksum_every < 0:
+        raise ConfigError(f"pipeline.checksum_every must be >= 0 (0 = never), got {pc.checksum_every}")
+
+
+def _check_rvq(cfg: Config) -> None:
+    from slimpar.train.config import ConfigError
+
+    pc, q = cfg.pipeline, cfg.pipeline.rvq
+    if q.levels < 0:
+        raise ConfigError(f"pipeline.rvq.levels must be >= 0 (0 = no RVQ), got {q.levels}")
+    if not q.levels:
+        return
+    if pc.codec not in PROJECTOR_CODECS:
+        raise ConfigError(f"RVQ quantizes projected codes: pipeline.rvq.levels > 0 needs codec mapl, ssn or naive "
+                          f"(got {pc.codec!r})")
+    if not 2 <= q.codebook <= MAX_CODEBOOK:
+        raise ConfigError(f"pipeline.rvq.codebook = {q.codebook} must be between 2 and {MAX_CODEBOOK:,}")
+    if not 0 <= q.decay < 1 or q.commitment < 0 or q.sync_every < 0:
+        raise ConfigError("pipeline.rvq needs decay in [0, 1), commitment >= 0 and sync_every >= 0")
