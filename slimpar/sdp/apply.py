@@ -30,6 +30,10 @@ class Subnet:
     # local tensor name -> (dim, global indices) for tensors sliced at neuron level
     index_map: dict[str, tuple[int, torch.Tensor]] = field(default_factory=dict)
     frozen: list[str] = field(default_factory=list)  # backward regime: non-held parameter names
+    # backward regime: column -> this rank's copy of the component's tensors (held or not), for refresh
+    views: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    # backward regime, neuron level: global name -> (module, attribute) whose full tensor is rebuilt
+    split: dict[str, tuple[nn.Module, str, int]] = field(default_factory=dict)
 
 
 def _delete_module(model: nn.Module, path: str) -> None:
@@ -78,6 +82,56 @@ def _slice_layer(model: nn.Module, sub: Subnet, units: list[tuple[int, Component
         offset += n
 
 
+def _split_layer(model: nn.Module, sub: Subnet, units: list[tuple[int, Component]]) -> None:
+    """Backward masking at neuron level: keep the whole layer, but reorder its hidden units as
+    [held..., not held...] (the same permutation for every tensor of the layer, so the function is
+    unchanged) and split each tensor into a trainable held part and a frozen buffer. A forward
+    pre-hook concatenates them, so gradients and optimizer state exist only for held units."""
+    held = [(c, comp) for c, comp in units if c in sub.held]
+    rest = [(c, comp) for c, comp in units if c not in sub.held]
+    order = held + rest
+    perm = torch.cat([torch.arange(*comp.index) for _, comp in order])
+    n_held = sum(comp.index[1] - comp.index[0] for _, comp in held)
+    first = units[0][1]
+    for name, dim in zip(first.buffers, first.buffer_dims, strict=True):
+        mod_path, _, attr = name.rpartition(".")
+        _slice_tensor(model.get_submodule(mod_path), attr, dim, perm, is_param=False)
+        sub.index_map[name] = (dim, perm)
+    parts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, dim in zip(first.params, first.dims, strict=True):
+        parts[name] = _split_param(model, sub, name, dim, perm, n_held)
+    offset = 0
+    for c, comp in order:
+        n = comp.index[1] - comp.index[0]
+        is_held, start = c in sub.held, offset if c in sub.held else offset - n_held
+        sub.views[c] = [parts[name][0 if is_held else 1].narrow(dim, start, n)
+                        for name, dim in zip(comp.params, comp.dims, strict=True)]
+        if is_held:
+            sub.pieces[c] = [Piece(parts[name][0], name + "_held", dim, start, start + n)
+                             for name, dim in zip(comp.params, comp.dims, strict=True)]
+        offset += n
+
+
+def _split_param(model: nn.Module, sub: Subnet, name: str, dim: int, perm: torch.Tensor, n_held: int):
+    mod_path, _, attr = name.rpartition(".")
+    module = model.get_submodule(mod_path)
+    full = getattr(module, attr).detach().index_select(dim, perm)
+    held = nn.Parameter(full.narrow(dim, 0, n_held).clone())
+    frozen = full.narrow(dim, n_held, full.shape[dim] - n_held).clone()
+    del module._parameters[attr]
+    module.register_parameter(attr + "_held", held)
+    module.register_buffer(attr + "_frozen", frozen)
+    setattr(module, attr, torch.cat([held, frozen], dim))
+
+    def rebuild(m: nn.Module, _args, attr=attr, dim=dim) -> None:
+        setattr(m, attr, torch.cat([getattr(m, attr + "_held"), getattr(m, attr + "_frozen")], dim))
+
+    module.register_forward_pre_hook(rebuild)
+    sub.index_map[name] = (dim, perm)
+    sub.split[name] = (module, attr, dim)
+    return held, frozen
+
+
 def apply_subnet(model: nn.Module, plan: Plan, rank: int, shared_names: list[str], regime: str = "forward") -> Subnet:
     """Turn the full ``model`` into ``rank``'s subnetwork in place (see the module docstring)."""
     sub = Subnet(rank=rank, held=[c for c in range(len(plan.components)) if plan.mask[rank, c]])
@@ -89,14 +143,15 @@ def apply_subnet(model: nn.Module, plan: Plan, rank: int, shared_names: list[str
         for units in _layer_units(plan, rank).values():
             _slice_layer(model, sub, units)
     elif regime == "backward":
-        if len(block_cols) != len(plan.components):
-            raise ValueError("backward masking is implemented for block-level plans (sdp.level = 'block')")
         params = dict(model.named_parameters())
         for c in block_cols:
+            sub.views[c] = [params[n] for n in plan.components[c].params]
             if c not in sub.held:
                 for name in plan.components[c].params:
                     params[name].requires_grad_(False)
                     sub.frozen.append(name)
+        for units in _layer_units(plan, rank).values():
+            _split_layer(model, sub, units)
     else:
         raise ValueError(f"unknown SDP regime {regime!r}; choose 'forward' or 'backward'")
     params = dict(model.named_parameters())

@@ -132,6 +132,13 @@ class SDPStrategy(Strategy):
         results.update({f"{k}_rescale_{other}": v for k, v in alt.items() if k.endswith(("_loss", "_accuracy"))})
         return results
 
+    def summary_extras(self) -> dict:
+        p = self.plan
+        return {"sdp_plan": {"assignment": p.assignment, "keep_per_worker": p.keep_per_worker,
+                             "holders_per_component": p.holders_per_component, "connected": p.connected,
+                             "spectral_gap": p.spectral_gap, "masking_error": p.masking_error,
+                             "bytes_per_worker": p.bytes_per_worker}}
+
     def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
         """Closing-table rows that put this run next to DDP for the same model (from the plan)."""
         from slimpar.sdp.plan import analytic_bytes_per_step

@@ -124,6 +124,11 @@ class GradSync:
         self._next = {k: 0 for k in self._order}
 
     def _on_grad(self, param: torch.Tensor) -> None:
+        g = param.grad
+        if g is not None and not hasattr(g, "to_local") and g.untyped_storage().nbytes() > g.numel() * g.element_size():
+            # a slice of a larger gradient (e.g. the held part of a concatenated weight): keep a compact
+            # copy so the full-size gradient storage is freed with the autograd graph
+            param.grad = g.clone(memory_format=torch.contiguous_format)
         if not (self.enabled and self.overlap):
             return
         for b in self._by_param.get(id(param), []):

@@ -24,9 +24,6 @@ def validate_sdp(cfg: Config) -> None:
         raise ConfigError(f"sdp.fsdp = {s.fsdp} must divide parallel.workers = {workers}")
     if s.fsdp > 1 and s.level != "block":
         raise ConfigError("SDP with FSDP2 (sdp.fsdp > 1) shards block subnetworks; use --sdp.level block")
-    if s.regime == "backward" and s.level != "block":
-        raise ConfigError("backward masking is implemented for block subnetworks; use --sdp.level block "
-                          "(neuron-level subnetworks support --sdp.regime forward)")
     if s.refresh_every < 1:
         raise ConfigError(f"sdp.refresh_every must be >= 1, got {s.refresh_every}")
     if s.check_every < 0:

@@ -131,23 +131,22 @@ class SubnetworkDataParallel(nn.Module):
     # ---------------------------------------------------- backward-regime refresh
     @torch.no_grad()
     def refresh(self) -> None:
-        """Backward regime: broadcast every block from its first holder to all workers."""
+        """Backward regime: broadcast every component from its first holder to all workers."""
         self.steps += 1
         if self.regime != "backward" or self.group is None or self.steps % self.refresh_every:
             return
-        params = dict(self.module.named_parameters())
         drift = 0.0
-        for c, comp in enumerate(self.plan.components):
-            tensors = [params[n] for n in comp.params]
-            flat = torch.cat([t.reshape(-1) for t in tensors])
+        for c in range(len(self.plan.components)):
+            views = self.sub.views[c]
+            flat = torch.cat([v.reshape(-1) for v in views])
             before = flat.clone() if not self.plan.mask[self.rank, c] else None
             dist.broadcast(flat, src=self.plan.holders(c)[0], group=self.group)
             if before is not None:
                 drift = max(drift, float((flat - before).abs().max()))
                 offset = 0
-                for t in tensors:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
+                for v in views:
+                    v.copy_(flat[offset:offset + v.numel()].view_as(v))
+                    offset += v.numel()
         self.last_drift = drift
 
     # -------------------------------------------------------- replica checks
@@ -173,7 +172,10 @@ class SubnetworkDataParallel(nn.Module):
     def _local_full_tensors(self) -> dict[str, torch.Tensor]:
         """This worker's unsharded tensors (FSDP2: all-gathered within the worker's shard group)."""
         if self.fsdp == 1:
-            return dict(self.module.named_parameters()) | dict(self.module.named_buffers())
+            tensors = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
+            for name, (module, attr, dim) in self.sub.split.items():  # backward regime: held + frozen parts
+                tensors[name] = torch.cat([getattr(module, attr + "_held"), getattr(module, attr + "_frozen")], dim)
+            return tensors
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=False))

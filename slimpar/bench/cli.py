@@ -1,0 +1,24 @@
+"""``slimpar bench sdp|mapl [--quick] --out DIR``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
+    from slimpar.train.config import ConfigError
+
+    if rest:
+        raise ConfigError(f"slimpar bench takes no overrides, got {' '.join(rest)}")
+    out = Path(args.out)
+    if args.which == "sdp":
+        from slimpar.bench.sdp import bench_sdp
+
+        data = bench_sdp(out, args.quick)
+    else:
+        from slimpar.bench.mapl import bench_mapl
+
+        data = bench_mapl(out, args.quick)
+    print((out / "report.md").read_text())
+    return 0 if data else 1

@@ -1,0 +1,45 @@
+"""Shared pieces of benchmark reports: metadata, Markdown tables, mean and spread over seeds."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import statistics
+from pathlib import Path
+
+from slimpar.train.metrics import git_commit, versions
+
+
+def metadata(extra: dict | None = None) -> dict:
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git_commit(), "versions": versions(), "machine": platform.platform(),
+            "cpus": __import__("os").cpu_count(), **(extra or {})}
+
+
+def mean_spread(values: list[float | None]) -> tuple[float | None, float | None]:
+    """Mean and (population) standard deviation over seeds; spread None for a single seed."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.pstdev(vals) if len(vals) > 1 else None)
+
+
+def fmt(v, digits: int = 3, pct: bool = False) -> str:
+    if v is None:
+        return "–"
+    if pct:
+        return f"{100 * v:+.1f}%"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str))

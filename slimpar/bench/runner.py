@@ -1,0 +1,69 @@
+"""Run benchmark rows as real ``slimpar train`` jobs, one at a time, and collect their summaries.
+
+Each row is a fresh ``python -m slimpar train`` process tree (the same path a user runs), so rows
+cannot leak state into each other. A row whose ``summary.json`` already exists is reused, which makes
+an interrupted benchmark resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # the named runs ship inside the package
+
+
+@dataclass
+class Row:
+    name: str
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    group: str = ""  # rows compared against the same baseline share a group (e.g. "llama", "resnet")
+    seed: int = 0
+    tags: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.group}-{self.name}-s{self.seed}".replace(" ", "_").replace("/", "_").replace("+", "_")
+
+
+def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
+    """Train one row (or reuse its finished run) and return its summary plus its loss curve."""
+    out = root / "runs" / row.key
+    summary_path = out / "summary.json"
+    if not summary_path.exists():
+        config = str(CONFIGS / Path(row.config).name)
+        cmd = [sys.executable, "-m", "slimpar", "train", "--config", config, "--out", str(out),
+               "--log.progress", "false", "--train.seed", str(row.seed), *row.overrides]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        if proc.returncode != 0:
+            raise RuntimeError(f"benchmark row {row.key} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+        (out / "wall_seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
+    summary = json.loads(summary_path.read_text())
+    curve = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags, "command": _command(row),
+            "summary": {k: v for k, v in summary.items() if k != "config"}, "curve": curve}
+
+
+def _command(row: Row) -> str:
+    return " ".join(["slimpar train --config", row.config, "--train.seed", str(row.seed), *row.overrides])
+
+
+def run_rows(rows: list[Row], root: Path) -> list[dict]:
+    from rich.progress import Progress
+
+    results = []
+    with Progress() as bar:
+        task = bar.add_task("bench", total=len(rows))
+        for row in rows:
+            bar.update(task, description=f"{row.group}: {row.name} (seed {row.seed})")
+            results.append(run_row(row, root))
+            bar.advance(task)
+    return results

@@ -1,0 +1,142 @@
+"""``slimpar bench sdp``: SDP against DDP, DDP+AC, FSDP2 and FSDP2+AC, side by side in one run.
+
+Rows follow the claim tables of METHODS.md Part 1: block (B-SDP) and neuron (N-SDP) subnetworks with
+forward masking, block subnetworks with backward masking (Bb-SDP), SDP with activation
+checkpointing and with FSDP2; iteration-matched and FLOP-matched (1/keep more steps); two seeds for
+the main rows. Every number comes from the rows' own ``summary.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slimpar.bench.report import fmt, markdown_table, mean_spread, metadata, write_json
+from slimpar.bench.runner import Row, run_rows
+
+LLAMA, RESNET, TINY = "configs/llama_small.toml", "configs/resnet18_fmnist.toml", "configs/llama_tiny.toml"
+SDP = ["--parallel.mode", "sdp"]
+AC = ["--train.activation_checkpointing", "true"]
+
+
+def _sdp(level: str, keep: float, regime: str = "forward", extra: list[str] | None = None) -> list[str]:
+    return [*SDP, "--sdp.level", level, "--sdp.keep", str(keep), "--sdp.regime", regime, *(extra or [])]
+
+
+def llama_rows(config: str, steps: int, seeds: tuple[int, ...], group: str = "llama") -> list[Row]:
+    base = ["--parallel.workers", "4", "--train.steps", str(steps)]
+    main = {
+        "DDP": ["--parallel.mode", "ddp"],
+        "B-SDP 0.5": _sdp("block", 0.5),
+        "N-SDP 0.5": _sdp("neuron", 0.5),
+    }
+    more = {
+        "DDP+AC": ["--parallel.mode", "ddp", *AC],
+        "FSDP2": ["--parallel.mode", "fsdp"],
+        "FSDP2+AC": ["--parallel.mode", "fsdp", *AC],
+        "B-SDP 0.75": _sdp("block", 0.75),
+        "B-SDP 3/8": _sdp("block", 0.375),
+        "N-SDP 0.75": _sdp("neuron", 0.75),
+        "Bb-SDP 0.5": _sdp("block", 0.5, "backward"),
+        "Bb-SDP 3/8": _sdp("block", 0.375, "backward"),
+        "B-SDP 0.5+AC": _sdp("block", 0.5, extra=AC),
+        "B-SDP 0.5+FSDP2+AC": _sdp("block", 0.5, extra=["--sdp.fsdp", "2", *AC]),
+        "B-SDP 0.5 FLOP-matched": _sdp("block", 0.5, extra=["--sdp.flop_matched", "true"]),
+        "N-SDP 0.5 FLOP-matched": _sdp("neuron", 0.5, extra=["--sdp.flop_matched", "true"]),
+    }
+    rows = [Row(n, config, base + o, group, s) for n, o in main.items() for s in seeds]
+    rows += [Row(n, config, base + o, group, seeds[0]) for n, o in more.items()]
+    return rows
+
+
+def resnet_rows(steps: int) -> list[Row]:
+    base = ["--parallel.workers", "4", "--train.steps", str(steps)]
+    rows = {"DDP": ["--parallel.mode", "ddp"], "B-SDP 0.5": _sdp("block", 0.5), "N-SDP 0.5": _sdp("neuron", 0.5),
+            "Bb-SDP 0.5": _sdp("block", 0.5, "backward")}
+    return [Row(n, RESNET, base + o, "resnet") for n, o in rows.items()]
+
+
+def quick_rows() -> list[Row]:
+    base = ["--parallel.workers", "4", "--train.steps", "10", "--eval.batches", "2", "--data.ood", "none"]
+    rows = {"DDP": ["--parallel.mode", "ddp"], "FSDP2": ["--parallel.mode", "fsdp"], "B-SDP 0.5": _sdp("block", 0.5),
+            "N-SDP 0.5": _sdp("neuron", 0.5), "Bb-SDP 0.5": _sdp("block", 0.5, "backward")}
+    return [Row(n, TINY, base + o, "llama-tiny") for n, o in rows.items()]
+
+
+def aggregate(results: list[dict]) -> list[dict]:
+    """One line per (group, row): mean and spread over seeds, ratios to the group's DDP row."""
+    lines: dict[tuple[str, str], list[dict]] = {}
+    for r in results:
+        lines.setdefault((r["group"], r["row"]), []).append(r)
+    ddp = {g: runs for (g, name), runs in lines.items() if name == "DDP"}
+    out = []
+    for (group, name), runs in lines.items():
+        out.append(_line(group, name, runs, ddp.get(group)))
+    return out
+
+
+def _m(runs: list[dict], key: str):
+    return mean_spread([r["summary"].get(key) for r in runs])[0]
+
+
+def _line(group: str, name: str, runs: list[dict], ddp: list[dict] | None) -> dict:
+    s0 = runs[0]["summary"]
+    val, spread = mean_spread([r["summary"].get("val_loss") for r in runs])
+    line = {"group": group, "row": name, "seeds": [r["seed"] for r in runs], "val_loss": val, "val_loss_spread": spread,
+            "val_bits_per_byte": _m(runs, "val_bits_per_byte"), "val_accuracy": _m(runs, "val_accuracy"),
+            "val_wikipedia_loss": _m(runs, "val_wikipedia_loss"), "peak_mem_bytes": _m(runs, "peak_mem_bytes"),
+            "mem_breakdown": s0.get("mem_breakdown"), "comm_bytes_per_step": _m(runs, "comm_bytes_per_step"),
+            "wire_bytes_per_step": _m(runs, "wire_bytes_per_step"), "step_time_s": _m(runs, "step_time_s"),
+            "steps": s0.get("steps"), "plan_floor_bytes": _plan_floor(s0), "spectral_gap": _plan(s0, "spectral_gap"),
+            "command": runs[0]["command"]}
+    if ddp:
+        for key in ("peak_mem_bytes", "comm_bytes_per_step", "step_time_s"):
+            base = _m(ddp, key)
+            line[f"{key}_vs_ddp"] = line[key] / base if base and line[key] is not None else None
+    return line
+
+
+def _plan_floor(summary: dict):
+    ranks = summary.get("per_rank") or []
+    vals = [r.get("analytic_bytes") for r in ranks if r and r.get("analytic_bytes") is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _plan(summary: dict, key: str):
+    return (summary.get("sdp_plan") or {}).get(key)
+
+
+def mib(b) -> str:
+    return fmt(b / 2**20, 2) if b is not None else "–"
+
+
+def report_markdown(lines: list[dict], meta: dict) -> str:
+    headers = ["group", "row", "steps", "val loss (± over seeds)", "bits/byte or acc", "peak mem / worker (MiB)",
+               "× DDP", "bytes / step / worker (MiB)", "× DDP", "plan floor (MiB)", "step time (s)", "× DDP", "ρ"]
+    rows = []
+    for ln in lines:
+        val = fmt(ln["val_loss"], 4) + (f" ± {ln['val_loss_spread']:.4f}" if ln["val_loss_spread"] else "")
+        quality = fmt(ln["val_bits_per_byte"], 4) if ln["val_bits_per_byte"] else fmt(ln["val_accuracy"], 4)
+        rows.append([ln["group"], ln["row"], str(ln["steps"]), val, quality, mib(ln["peak_mem_bytes"]),
+                     fmt(ln.get("peak_mem_bytes_vs_ddp"), 2), mib(ln["comm_bytes_per_step"]),
+                     fmt(ln.get("comm_bytes_per_step_vs_ddp"), 2), mib(ln["plan_floor_bytes"]),
+                     fmt(ln["step_time_s"], 3), fmt(ln.get("step_time_s_vs_ddp"), 2), fmt(ln["spectral_gap"], 3)])
+    head = (f"# slimpar bench sdp\n\nMeasured {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
+            f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. Every row is a `slimpar train` run with "
+            "4 local gloo workers on this machine, measured side by side in one benchmark run.\n\n")
+    return head + markdown_table(headers, rows) + "\n\nCommands:\n\n" + "\n".join(
+        f"- {ln['row']} ({ln['group']}): `{ln['command']}`" for ln in lines) + "\n"
+
+
+def bench_sdp(out: Path, quick: bool) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = quick_rows() if quick else llama_rows(LLAMA, 100, (0, 1)) + resnet_rows(100)
+    results = run_rows(rows, out)
+    lines = aggregate(results)
+    meta = metadata({"quick": quick})
+    data = {"meta": meta, "lines": lines, "runs": results}
+    write_json(out / "results.json", data)
+    (out / "report.md").write_text(report_markdown(lines, meta))
+    from slimpar.bench.plots import sdp_plots
+
+    sdp_plots(lines, results, out)
+    return data
