@@ -128,14 +128,20 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
 
 
 def bench_sdp(out: Path, quick: bool) -> dict:
+    from slimpar.bench.throttled import run_throttled, throttled_markdown
+
     out.mkdir(parents=True, exist_ok=True)
     rows = quick_rows() if quick else llama_rows(LLAMA, 100, (0, 1)) + resnet_rows(100)
     results = run_rows(rows, out)
     lines = aggregate(results)
     meta = metadata({"quick": quick})
-    data = {"meta": meta, "lines": lines, "runs": results}
+    first = rows[0].group
+    linked = [r for r in rows if r.group == first and r.name in ("DDP", "B-SDP 0.5") and r.seed == rows[0].seed]
+    base = {r["row"]: r["summary"] for r in results if r["group"] == first and r["seed"] == rows[0].seed}
+    throttled = run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base)
+    data = {"meta": meta, "lines": lines, "throttled": throttled, "runs": results}
     write_json(out / "results.json", data)
-    (out / "report.md").write_text(report_markdown(lines, meta))
+    (out / "report.md").write_text(report_markdown(lines, meta) + throttled_markdown(throttled, "DDP"))
     from slimpar.bench.plots import sdp_plots
 
     sdp_plots(lines, results, out)

@@ -4,9 +4,12 @@ Every run trains the tiny LLaMA on Shakespeare for a few steps with the same glo
 losses must agree step for step (fp32, up to reduction order).
 """
 
+import subprocess
+import sys
+
 import pytest
 
-from tests.helpers import losses, run_train, summary
+from tests.helpers import ROOT, TINY, losses, run_train, summary
 
 STEPS = ["--train.steps", "6", "--eval.batches", "2"]
 
@@ -23,6 +26,16 @@ def runs(tmp_path_factory):
         run_train(root / name, *STEPS, *extra)
         out[name] = root / name
     return out
+
+
+def test_joins_an_existing_torchrun_group(runs, tmp_path):
+    out = tmp_path / "torchrun"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "slimpar",
+           "train", "--config", str(TINY), "--out", str(out), *STEPS, "--parallel.mode", "ddp"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert losses(out) == pytest.approx(losses(runs["ddp"]), rel=1e-6)
+    assert summary(out)["world_size"] == 2
 
 
 def test_ddp_two_workers_equals_single_process(runs):
