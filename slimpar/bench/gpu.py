@@ -42,7 +42,7 @@ def probe_row(size: str, row, device: torch.device, batch: int, seq: int, worker
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     x = torch.randint(0, vocab, (batch, seq), device=device)
     out = {}
-    for step in range(steps):
+    for _ in range(steps):
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
