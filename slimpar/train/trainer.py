@@ -266,8 +266,12 @@ class _Progress:
     """A rich progress bar on rank 0 (no-op elsewhere)."""
 
     def __init__(self, enabled: bool, start: int, total: int):
+        import sys
+
         self.bar = None
-        if enabled:
+        self.total = total
+        self.lines = enabled and not sys.stdout.isatty()  # logs and pipes get one plain line per logged step
+        if enabled and not self.lines:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
@@ -276,6 +280,8 @@ class _Progress:
             self.task = self.bar.add_task("train", total=total, completed=start, loss="-")
 
     def update(self, done: int, loss: float | None) -> None:
+        if self.lines and loss is not None:
+            print(f"step {done}/{self.total}  loss {loss:.4f}", flush=True)
         if self.bar is not None:
             fields = {"loss": f"{loss:.3f}"} if loss is not None else {}
             self.bar.update(self.task, completed=done, **fields)
