@@ -108,9 +108,9 @@ class Trainer:
             x, y = self._batch(step, micro)
             sync = contextlib.nullcontext() if micro == acc - 1 else s.no_sync()
             record = saved.record() if saved is not None else contextlib.nullcontext()
-            with sync, record, self._autocast():
-                loss = loss_fn(s.module(x), y) / acc
-            with sync:
+            with sync:  # gradients are only communicated on the last micro-batch
+                with record, self._autocast():
+                    loss = loss_fn(s.module(x), y) / acc
                 loss.backward()
             total += float(loss.detach())
         return total
