@@ -31,12 +31,30 @@ def plan_from_config(cfg: Config, model: nn.Module, workers: int | None = None) 
     assignment = s.assignment
     if s.level == "neuron" and mask is None:
         mask, assignment = _per_layer_mask(comps, n, keep, s, cfg.train.seed), "explicit"
+    if s.level == "neuron" and cfg.model.arch != "llama":
+        _check_every_layer_held(comps, mask, n, keep)
     plan = plan_components(comps, shared_bytes, n, keep, min_holders=s.min_holders, assignment=assignment,
                            seed=cfg.train.seed, mask=mask, shared_params=shared,
                            shared_numel=sum(params[k].numel() for k in shared))
     if assignment != s.assignment:
         plan.assignment = f"{s.assignment} per layer"
     return plan
+
+
+def _check_every_layer_held(comps, mask, n: int, keep) -> None:
+    """A convolution with no channels cannot run: every worker must hold a group of every block."""
+    from slimpar.sdp.plan import PlanError
+
+    if mask is None:
+        return
+    layers: dict[str, list[int]] = {}
+    for c, comp in enumerate(comps):
+        layers.setdefault(comp.layer, []).append(c)
+    for layer, cols in layers.items():
+        for w in range(n):
+            if not mask[w, cols].any():
+                raise PlanError(f"worker {w} holds no channel group of {layer}; at channel level every worker "
+                                "must hold at least one group of every block (a conv with 0 channels cannot run)")
 
 
 def _per_layer_mask(comps, n: int, keep, s, seed: int):
@@ -183,7 +201,7 @@ class SDPStrategy(Strategy):
         if self.cfg.sdp.regime != "backward" or self.cfg.sdp.refresh_every != 1:
             return 0
         return sum(c.elements * 4 for i, c in enumerate(self.plan.components)
-                   if self.plan.holders(i)[0] == self.ctx.rank and self.plan.world_size > 1)
+                   if self.plan.holders(i)[0] == self.ctx.rank and len(self.plan.holders(i)) < self.plan.world_size)
 
 
 def build_sdp_strategy(cfg: Config, model: nn.Module, ctx) -> SDPStrategy:

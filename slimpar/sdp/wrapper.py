@@ -72,7 +72,9 @@ class SubnetworkDataParallel(nn.Module):
         self.module = module
         self.steps = 0
         self.last_drift = 0.0
-        self.holder_groups = HolderGroups(plan.distinct_holder_sets, plan.world_size, fsdp=fsdp,
+        self.refresh_sets = refresh_sets(plan) if regime == "backward" else {}
+        sets = list(plan.distinct_holder_sets) + list(self.refresh_sets.values())
+        self.holder_groups = HolderGroups(sets, plan.world_size, fsdp=fsdp,
                                           world_group=group) if group is not None else None
         # FSDP2 hands back sharded gradients after its own reduce-scatter, not through autograd's
         # accumulation hooks, so with an FSDP dimension the holder all-reduce runs after backward.
@@ -131,16 +133,18 @@ class SubnetworkDataParallel(nn.Module):
     # ---------------------------------------------------- backward-regime refresh
     @torch.no_grad()
     def refresh(self) -> None:
-        """Backward regime: broadcast every component from its first holder to all workers."""
+        """Backward regime: broadcast each component from its first holder to the workers that do not hold it."""
         self.steps += 1
         if self.regime != "backward" or self.group is None or self.steps % self.refresh_every:
             return
         drift = 0.0
-        for c in range(len(self.plan.components)):
+        for c, members in self.refresh_sets.items():  # in plan order on every rank: deadlock-free
+            if self.rank not in members:
+                continue
             views = self.sub.views[c]
             flat = torch.cat([v.reshape(-1) for v in views])
             before = flat.clone() if not self.plan.mask[self.rank, c] else None
-            dist.broadcast(flat, src=self.plan.holders(c)[0], group=self.group)
+            dist.broadcast(flat, src=self.plan.holders(c)[0], group=self.holder_groups.get(members))
             if before is not None:
                 drift = max(drift, float((flat - before).abs().max()))
                 offset = 0
@@ -191,6 +195,17 @@ class SubnetworkDataParallel(nn.Module):
                 if comp.index is None:
                     full.get_submodule(comp.name).residual_scale = len(self.plan.holders(c)) / self.plan.world_size
         return full
+
+
+def refresh_sets(plan: Plan) -> dict[int, tuple[int, ...]]:
+    """Backward regime: component -> workers in its refresh broadcast (first holder + non-holders);
+    components every worker holds are never stale and are left out."""
+    out = {}
+    for c in range(len(plan.components)):
+        holders = plan.holders(c)
+        if len(holders) < plan.world_size:
+            out[c] = tuple(sorted({holders[0]} | set(range(plan.world_size)) - set(holders)))
+    return out
 
 
 def _sq(p: Piece) -> torch.Tensor:
