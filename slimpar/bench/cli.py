@@ -15,10 +15,10 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
     if args.which == "sdp":
         from slimpar.bench.sdp import bench_sdp
 
-        data = bench_sdp(out, args.quick)
+        data = bench_sdp(out, args.quick, args.steps)
     else:
         from slimpar.bench.mapl import bench_mapl
 
-        data = bench_mapl(out, args.quick)
+        data = bench_mapl(out, args.quick, args.steps)
     print((out / "report.md").read_text())
     return 0 if data else 1

@@ -67,3 +67,22 @@ def _scatter(plt, lines: list[dict], path: Path, group: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def pareto_plot(lines: list[dict], path: Path) -> None:
+    """Validation loss against bytes per step (forward + backward), one point per codec row."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for ln in lines:
+        total = (ln.get("fwd_bytes") or 0) + (ln.get("bwd_bytes") or 0)
+        if ln.get("val_loss") is None or not total:
+            continue
+        ax.scatter(total / 2**20, ln["val_loss"])
+        ax.annotate(ln["row"], (total / 2**20, ln["val_loss"]), fontsize=6)
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes per step, forward + backward (MiB, log scale)")
+    ax.set_ylabel("validation loss")
+    ax.set_title("compressed pipelines: loss vs bytes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

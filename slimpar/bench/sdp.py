@@ -127,14 +127,14 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
         f"- {ln['row']} ({ln['group']}): `{ln['command']}`" for ln in lines) + "\n"
 
 
-def bench_sdp(out: Path, quick: bool) -> dict:
+def bench_sdp(out: Path, quick: bool, steps: int = 100) -> dict:
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
     out.mkdir(parents=True, exist_ok=True)
-    rows = quick_rows() if quick else llama_rows(LLAMA, 100, (0, 1)) + resnet_rows(100)
+    rows = quick_rows() if quick else llama_rows(LLAMA, steps, (0, 1)) + resnet_rows(steps)
     results = run_rows(rows, out)
     lines = aggregate(results)
-    meta = metadata({"quick": quick})
+    meta = metadata({"quick": quick, "steps": None if quick else steps})
     first = rows[0].group
     linked = [r for r in rows if r.group == first and r.name in ("DDP", "B-SDP 0.5") and r.seed == rows[0].seed]
     base = {r["row"]: r["summary"] for r in results if r["group"] == first and r["seed"] == rows[0].seed}

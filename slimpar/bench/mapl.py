@@ -1,0 +1,101 @@
+"""``slimpar bench mapl``: compressed pipeline codecs side by side, token-matched, 4 stages.
+
+Rows follow METHODS.md Part 2's claim table: the uncompressed pipeline, bf16/int8 casts, the naive
+learned projector, SSN at 4x and 8x, MAPL at 4x and 8x, MAPL with factorized anchors, and MAPL with
+residual VQ on projectors of rank d/16 and d/32 (the backward message stays r floats, so those rows'
+backward ratio is 16x/32x while the forward payload is a few bytes of packed indices per token).
+Every row trains the same model on the same tokens for the same number of steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slimpar.bench.report import fmt, markdown_table, metadata, write_json
+from slimpar.bench.runner import Row, run_rows
+
+PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "4",
+        "--model.tie_embeddings", "false"]
+
+
+def _codec(kind: str, compression: int = 4, *extra: str) -> list[str]:
+    return ["--pipeline.codec", kind, "--pipeline.compression", str(compression), *extra]
+
+
+RVQ = ("--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "256")
+ROWS = {
+    "none": _codec("none"),
+    "bf16": _codec("bf16"),
+    "int8": _codec("int8"),
+    "naive 4x": _codec("naive", 4),
+    "SSN 4x": _codec("ssn", 4),
+    "SSN 8x": _codec("ssn", 8),
+    "MAPL 4x": _codec("mapl", 4),
+    "MAPL 8x": _codec("mapl", 8),
+    "MAPL 4x + anchors": _codec("mapl", 4, "--pipeline.anchors", "factorized"),
+    "MAPL 16x + RVQ": _codec("mapl", 16, *RVQ),
+    "MAPL 32x + RVQ": _codec("mapl", 32, *RVQ),
+}
+QUICK = ("none", "bf16", "naive 4x", "SSN 4x", "MAPL 4x", "MAPL 16x + RVQ")
+
+
+def rows(quick: bool, steps: int = 100) -> list[Row]:
+    if quick:
+        base = [*PIPE, "--train.steps", "10", "--eval.batches", "2", "--data.ood", "none"]
+        return [Row(n, "configs/llama_tiny.toml", base + ROWS[n], "llama-tiny") for n in QUICK]
+    base = [*PIPE, "--train.steps", str(steps)]
+    return [Row(n, "configs/llama_small.toml", base + o, "llama") for n, o in ROWS.items()]
+
+
+def line(result: dict, none: dict | None) -> dict:
+    s = result["summary"]
+    out = {"row": result["row"], "group": result["group"], "val_loss": s.get("val_loss"),
+           "val_bits_per_byte": s.get("val_bits_per_byte"), "fwd_bytes": s.get("comm_bytes_per_step_fwd"),
+           "bwd_bytes": s.get("comm_bytes_per_step_bwd"), "compression_ratio": s.get("compression_ratio"),
+           "compression_ratio_fwd": s.get("compression_ratio_fwd"),
+           "compression_ratio_bwd": s.get("compression_ratio_bwd"), "breakdown": s.get("comm_breakdown"),
+           "max_orth_error": s.get("max_orth_error"), "spel_time_share": s.get("spel_time_share"),
+           "step_time_s": s.get("step_time_s"), "command": result["command"]}
+    if none and none.get("val_loss") and out["val_loss"] is not None:
+        out["val_loss_gap"] = out["val_loss"] / none["val_loss"] - 1
+        for k in ("fwd_bytes", "bwd_bytes"):
+            out[f"{k}_vs_none"] = out[k] / none[k] if none.get(k) and out[k] is not None else None
+    return out
+
+
+def report_markdown(lines: list[dict], meta: dict) -> str:
+    headers = ["row", "val loss", "gap vs none", "fwd bytes/step", "× none", "bwd bytes/step", "× none",
+               "ratio fwd / bwd", "max ‖AᵀA−I‖", "SPEL share", "step time (s)"]
+    body = [[ln["row"], fmt(ln["val_loss"], 4), fmt(ln.get("val_loss_gap"), pct=True),
+             fmt(ln["fwd_bytes"], 0), fmt(ln.get("fwd_bytes_vs_none"), 3), fmt(ln["bwd_bytes"], 0),
+             fmt(ln.get("bwd_bytes_vs_none"), 3),
+             f"{fmt(ln['compression_ratio_fwd'], 1)} / {fmt(ln['compression_ratio_bwd'], 1)}",
+             fmt(ln["max_orth_error"], 8) if ln["max_orth_error"] is not None else "–",
+             fmt(ln["spel_time_share"], pct=False, digits=3), fmt(ln["step_time_s"], 3)] for ln in lines]
+    head = (f"# slimpar bench mapl\n\nMeasured {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
+            f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. 4 pipeline stages on 4 local gloo processes; "
+            "every row trains on the same tokens for the same steps (token-matched). Bytes are summed over the 3 "
+            "boundaries and counted at the send, per step, everything included (payload, token ids, codebook "
+            "rows, projector/anchor gradient sums and checksums).\n\n")
+    cmds = "\n".join(f"- {ln['row']}: `{ln['command']}`" for ln in lines)
+    return head + markdown_table(headers, body) + "\n\nCommands:\n\n" + cmds + "\n"
+
+
+def bench_mapl(out: Path, quick: bool, steps: int = 100) -> dict:
+    from slimpar.bench.plots import pareto_plot
+    from slimpar.bench.throttled import run_throttled, throttled_markdown
+
+    out.mkdir(parents=True, exist_ok=True)
+    todo = rows(quick, steps)
+    results = run_rows(todo, out)
+    none = next((line(r, None) for r in results if r["row"] == "none"), None)
+    lines = [line(r, none) for r in results]
+    meta = metadata({"quick": quick, "steps": None if quick else steps})
+    linked = [r for r in todo if r.name in ("none", "MAPL 4x")]
+    base = {r["row"]: r["summary"] for r in results}
+    throttled = run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base)
+    data = {"meta": meta, "lines": lines, "throttled": throttled, "runs": results}
+    write_json(out / "results.json", data)
+    (out / "report.md").write_text(report_markdown(lines, meta) + throttled_markdown(throttled, "none"))
+    pareto_plot(lines, out / "pareto_mapl.png")
+    return data
