@@ -15,10 +15,14 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
     if args.which == "sdp":
         from slimpar.bench.sdp import bench_sdp
 
-        data = bench_sdp(out, args.quick, args.steps)
+        data = bench_sdp(out, args.quick, args.steps, _names(args.rows))
     else:
         from slimpar.bench.mapl import bench_mapl
 
-        data = bench_mapl(out, args.quick, args.steps)
+        data = bench_mapl(out, args.quick, args.steps, _names(args.rows))
     print((out / "report.md").read_text())
     return 0 if data else 1
+
+
+def _names(rows: str) -> set[str] | None:
+    return {r.strip() for r in rows.split(",") if r.strip()} or None

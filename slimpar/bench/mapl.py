@@ -81,12 +81,12 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
     return head + markdown_table(headers, body) + "\n\nCommands:\n\n" + cmds + "\n"
 
 
-def bench_mapl(out: Path, quick: bool, steps: int = 100) -> dict:
+def bench_mapl(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None) -> dict:
     from slimpar.bench.plots import pareto_plot
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
     out.mkdir(parents=True, exist_ok=True)
-    todo = rows(quick, steps)
+    todo = [r for r in rows(quick, steps) if not only or r.name in only]
     results = run_rows(todo, out)
     none = next((line(r, None) for r in results if r["row"] == "none"), None)
     lines = [line(r, none) for r in results]

@@ -43,8 +43,8 @@ def llama_rows(config: str, steps: int, seeds: tuple[int, ...], group: str = "ll
         "B-SDP 0.5 FLOP-matched": _sdp("block", 0.5, extra=["--sdp.flop_matched", "true"]),
         "N-SDP 0.5 FLOP-matched": _sdp("neuron", 0.5, extra=["--sdp.flop_matched", "true"]),
     }
-    rows = [Row(n, config, base + o, group, s) for n, o in main.items() for s in seeds]
-    rows += [Row(n, config, base + o, group, seeds[0]) for n, o in more.items()]
+    rows = [Row(n, config, base + o, group, seeds[0]) for n, o in {**main, **more}.items()]
+    rows += [Row(n, config, base + o, group, s) for n, o in main.items() for s in seeds[1:]]
     return rows
 
 
@@ -127,11 +127,16 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
         f"- {ln['row']} ({ln['group']}): `{ln['command']}`" for ln in lines) + "\n"
 
 
-def bench_sdp(out: Path, quick: bool, steps: int = 100) -> dict:
+def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None) -> dict:
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
     out.mkdir(parents=True, exist_ok=True)
     rows = quick_rows() if quick else llama_rows(LLAMA, steps, (0, 1)) + resnet_rows(steps)
+    if only:
+        unknown = only - {r.name for r in rows}
+        if unknown:
+            raise ValueError(f"unknown benchmark rows {sorted(unknown)}; known: {sorted({r.name for r in rows})}")
+        rows = [r for r in rows if r.name in only]
     results = run_rows(rows, out)
     lines = aggregate(results)
     meta = metadata({"quick": quick, "steps": None if quick else steps})
