@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
     b.add_argument("--out", required=True, help="folder for results.json, report.md and plots")
     b.add_argument("--steps", type=int, default=100, help="training steps per row of the full benchmark")
-    b.add_argument("--rows", default="", help="comma-separated row names to run (default: all); finished rows are reused")
+    b.add_argument("--rows", default="", help="comma-separated row names (default: all); finished rows are reused")
     b.set_defaults(func=_bench)
     return p
 
