@@ -21,15 +21,6 @@ from slimpar.optim.spel import SPELAdamW, spel_step
 BACKENDS = ["polar_express", "eigh"]
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Matrices here are tiny: threads only add OpenMP spin-waits, which are slow on a loaded machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _stiefel_param(d: int, r: int, seed: int) -> nn.Parameter:
     return nn.Parameter(random_stiefel(d, r, torch.Generator().manual_seed(seed)))
 

@@ -30,15 +30,6 @@ SHAPES = [(64, 8), (128, 32), (32, 32), (8, 64)]
 KAPPAS = [1.0, 1e2, 1e3]
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Matrices here are tiny: threads only add OpenMP spin-waits, which are slow on a loaded machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def _matrix(m: int, n: int, kappa: float, seed: int = 0) -> np.ndarray:
     """fp32-representable m×n matrix with singular values geometrically spaced in [1/κ, 1]."""
     rng = np.random.default_rng(seed)
