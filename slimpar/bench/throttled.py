@@ -17,6 +17,9 @@ from slimpar.bench.report import fmt, markdown_table
 from slimpar.bench.runner import CONFIGS, Row
 
 LATENCY_S = 0.020
+# throttled runs measure step time only (the median after warm-up): a short run, a token evaluation, no export
+TIMING_ONLY = ["--train.steps", "16", "--eval.batches", "1", "--data.ood", "none", "--checkpoint.export", "false",
+               "--checkpoint.final", "false"]
 
 
 def run_throttled(rows: list[Row], rates_mbit: list[float], root: Path, world: int,
@@ -34,7 +37,7 @@ def run_throttled(rows: list[Row], rates_mbit: list[float], root: Path, world: i
             else:
                 with ThrottledNetwork(world, rate) as net:
                     summary = run_in_network(net, str(CONFIGS / Path(row.config).name), run_dir,
-                                             ["--log.progress", "false", *row.overrides], world)
+                                             ["--log.progress", "false", *row.overrides, *TIMING_ONLY], world)
             out.append(_line(row, rate, summary, baseline.get(row.name, {})))
     return out
 
