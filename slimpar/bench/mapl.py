@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slimpar.bench.report import fmt, markdown_table, metadata, write_json
-from slimpar.bench.runner import Row, run_rows
+from slimpar.bench.runner import Row, run_rows, select_rows
 
 PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "4",
         "--model.tie_embeddings", "false"]
@@ -86,7 +86,7 @@ def bench_mapl(out: Path, quick: bool, steps: int = 100, only: set[str] | None =
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
     out.mkdir(parents=True, exist_ok=True)
-    todo = [r for r in rows(quick, steps) if not only or r.name in only]
+    todo = select_rows(rows(quick, steps), only)
     results = run_rows(todo, out)
     none = next((line(r, None) for r in results if r["row"] == "none"), None)
     lines = [line(r, none) for r in results]

@@ -67,3 +67,18 @@ def run_rows(rows: list[Row], root: Path) -> list[dict]:
             results.append(run_row(row, root))
             bar.advance(task)
     return results
+
+
+def select_rows(rows: list[Row], only: set[str] | None) -> list[Row]:
+    """Rows named in ``only`` as ``name``, ``group/name`` or ``group/name/sSEED`` (all rows when empty)."""
+    if not only:
+        return rows
+
+    def names(r: Row) -> set[str]:
+        return {r.name, f"{r.group}/{r.name}", f"{r.group}/{r.name}/s{r.seed}"}
+
+    unknown = only - set().union(*(names(r) for r in rows))
+    if unknown:
+        raise ValueError(f"unknown benchmark rows {sorted(unknown)}; rows are named like 'DDP', 'llama/DDP' "
+                         f"or 'llama/DDP/s0'; known names: {sorted({r.name for r in rows})}")
+    return [r for r in rows if names(r) & only]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slimpar.bench.report import fmt, markdown_table, mean_spread, metadata, write_json
-from slimpar.bench.runner import Row, run_rows
+from slimpar.bench.runner import Row, run_rows, select_rows
 
 LLAMA, RESNET, TINY = "configs/llama_small.toml", "configs/resnet18_fmnist.toml", "configs/llama_tiny.toml"
 SDP = ["--parallel.mode", "sdp"]
@@ -132,11 +132,7 @@ def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = 
 
     out.mkdir(parents=True, exist_ok=True)
     rows = quick_rows() if quick else llama_rows(LLAMA, steps, (0, 1)) + resnet_rows(steps)
-    if only:
-        unknown = only - {r.name for r in rows}
-        if unknown:
-            raise ValueError(f"unknown benchmark rows {sorted(unknown)}; known: {sorted({r.name for r in rows})}")
-        rows = [r for r in rows if r.name in only]
+    rows = select_rows(rows, only)
     results = run_rows(rows, out)
     lines = aggregate(results)
     meta = metadata({"quick": quick, "steps": None if quick else steps})
