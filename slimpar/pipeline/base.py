@@ -89,11 +89,9 @@ class PipelineStrategyBase:
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip by the norm over all stages of one pipeline, the same factor on every stage."""
-        sq = torch.zeros((), dtype=torch.float64)
-        for p in self._owned():
-            if p.grad is not None:
-                sq += torch.linalg.vector_norm(p.grad).double() ** 2
-        sq = self._sum_pipeline(sq.reshape(1))
+        norms = [torch.linalg.vector_norm(p.grad) for p in self._owned() if p.grad is not None]
+        local = torch.stack(norms).double().pow(2).sum().cpu() if norms else torch.zeros((), dtype=torch.float64)
+        sq = self._sum_pipeline(local.reshape(1))
         total = math.sqrt(float(sq))
         coef = max_norm / (total + 1e-6)
         if coef < 1.0:

@@ -165,7 +165,7 @@ class BoundaryEncoder(_Half):
             sync = self.codebook.message(self.messages)
             self.messages += 1
             header, *tail = sync.to_tensors()
-            msg.fixed.append(Packet("codebook", header))
+            msg.fixed.append(Packet("codebook", header.to(c.device)))
             msg.extra = [Packet("codebook", t) for t in tail]
             if self.spec.rvq.commitment > 0 and torch.is_grad_enabled():
                 q = inject_loss(q, commit)
@@ -222,6 +222,8 @@ class BoundaryDecoder(_Half):
         if s.sends_ids:
             self.context.ids[self.context.microbatch] = _wire_to_ids(fixed[-1])
         if s.rvq is not None:
+            if self.codebook.codebooks.device != fixed[0].device:  # not a buffer: follow the wire's device
+                self.codebook.codebooks = self.codebook.codebooks.to(fixed[0].device)
             version = self.codebook.version
             if self.training:
                 msg = SyncMessage.from_tensors([fixed[1], *extra], s.rvq.levels * s.rvq.codebook, s.rank)

@@ -64,6 +64,8 @@ def evaluate_pipeline(stages: list[StageModule], links_in: dict[int, Link], link
             for i, (x, y) in enumerate(batches):
                 if i % replicas != replica:
                     continue
+                device = next(stages[0].parameters()).device
+                x, y = x.to(device), y.to(device)
                 logits = forward_batch(stages, links_in, links_out, x)
                 if logits is not None:
                     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum")
@@ -85,5 +87,12 @@ def _metrics(split: str, nll: float, count: float, nbytes: float) -> dict[str, f
             f"{prefix}_bits_per_byte": nll / math.log(2) / nbytes if nbytes else float("nan")}
 
 
-def all_reduce_sum(group: dist.ProcessGroup) -> Callable[[torch.Tensor], None]:
-    return lambda t: dist.all_reduce(t, group=group)
+def all_reduce_sum(group: dist.ProcessGroup, device: torch.device | str = "cpu") -> Callable[[torch.Tensor], None]:
+    """In-place sum over ``group`` of a host tensor (through ``device``: NCCL reduces device tensors only)."""
+
+    def reduce(t: torch.Tensor) -> None:
+        buf = t.to(device)
+        dist.all_reduce(buf, group=group)
+        t.copy_(buf.cpu())
+
+    return reduce

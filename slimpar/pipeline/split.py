@@ -98,7 +98,7 @@ def build_stages(model: nn.Module, stages: int, which: list[int], specs: list[Co
         apply_ssn(model, *ssn)
     out = []
     for s in which:
-        part = model if len(which) == 1 else copy.deepcopy(model)
+        part = model if s == which[-1] else copy.deepcopy(model)  # the last one consumes the model
         prune_to_stage(part, s, stages)
         ctx = StageContext()
         dec = BoundaryDecoder(specs[s - 1], ctx, embedding, ssn) if s > 0 else None

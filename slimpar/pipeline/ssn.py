@@ -82,7 +82,7 @@ def effective_state_dict(module: nn.Module) -> dict[str, Tensor]:
 
 def residual_in_subspace(h: Tensor, ids: Tensor, U: Tensor, table: Tensor) -> float:
     """max |(I − UUᵀ)(h − F[t])|: how far a residual stream is from SSN's subspace (0 up to rounding)."""
-    x = h - table[ids]
+    x = h.detach() - table[ids]
     return float((x - (x @ U) @ U.t()).abs().max())
 
 

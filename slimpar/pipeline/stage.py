@@ -19,7 +19,7 @@ what crosses the wire:
   forward_one_chunk                 records the microbatch index the codec halves work on
 
 Pinned to torch 2.13: ``_retrieve_recv_activations``, ``_retrieve_recv_grads``, ``bwd_cache`` and
-``args_recv_info`` are private; tests/unit/test_pipeline_stage_api.py checks their signatures so a
+``args_recv_info`` are private; tests/unit/test_pipeline_validate.py checks their signatures so a
 torch upgrade that changes them fails a test instead of hanging a run.
 """
 

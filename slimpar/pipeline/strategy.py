@@ -92,7 +92,7 @@ class PipelineStrategy(PipelineStrategyBase):
             self.schedule.step()
         self._replica_average()
         if self.syncs:
-            run_phases(self.syncs, "post", "finish", rows=rows_for(list(stage.context.ids.values())))
+            run_phases(self.syncs, "post", "finish", rows=self._touched_rows())
         return float(torch.stack(losses).detach().mean()) if losses else float("nan")
 
     def _replica_average(self) -> None:
@@ -109,9 +109,26 @@ class PipelineStrategy(PipelineStrategyBase):
             p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
             offset += n
 
+    def _touched_rows(self) -> torch.Tensor:
+        """Anchor-table rows with a gradient this step: the distinct ids of every replica's batch.
+
+        After the replica average a row has a gradient if any replica saw its token, so the replicas
+        of a stage OR their id masks (V int32 numbers in the replica group, data-parallel traffic);
+        the two ends of a boundary see the same replicas' batches and so get the same rows.
+        """
+        rows = rows_for(list(self.stage.context.ids.values()))
+        sparse = any(is_sparse for sync in self.syncs for _, _, is_sparse in sync.params)
+        if self.groups.replica is None or not sparse:
+            return rows
+        mask = torch.zeros(self.stage.model.cfg.vocab_size, dtype=torch.int32, device=rows.device)
+        mask[rows] = 1
+        dist.all_reduce(mask, group=self.groups.replica)
+        return mask.nonzero().squeeze(1)
+
     def _sum_pipeline(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.to(self.ctx.device)  # NCCL reduces device tensors only
         dist.all_reduce(t, group=self.groups.pipeline)
-        return t
+        return t.cpu()
 
     def _resyncs(self) -> int:
         return sum(s.resyncs for s in self.syncs)
@@ -120,9 +137,9 @@ class PipelineStrategy(PipelineStrategyBase):
         """The last stages' mean loss on every rank; also gathers this step's bytes and orthogonality."""
         last = self.pp_stage.is_last
         t = torch.tensor([value if last else 0.0, 1.0 if last else 0.0, self.counter.step_bytes("fwd"),
-                          self.counter.step_bytes("bwd")], dtype=torch.float64)
+                          self.counter.step_bytes("bwd")], dtype=torch.float64, device=self.ctx.device)
         dist.all_reduce(t, group=self.groups.world)
-        orth = torch.tensor([self.last_orth], dtype=torch.float64)
+        orth = torch.tensor([self.last_orth], dtype=torch.float64, device=self.ctx.device)
         dist.all_reduce(orth, op=dist.ReduceOp.MAX, group=self.groups.world)
         r = self.layout.replicas
         self._stats = {"pp_bytes_fwd": t[2].item() / r, "pp_bytes_bwd": t[3].item() / r,
@@ -134,7 +151,7 @@ class PipelineStrategy(PipelineStrategyBase):
         links_in = {s - 1: self.pp_stage.prev} if self.pp_stage.prev is not None else {}
         links_out = {s: self.pp_stage.next} if self.pp_stage.next is not None else {}
         out = evaluate_pipeline([self.stage], links_in, links_out, self.counter, data, cfg, self.layout.replica,
-                                self.layout.replicas, all_reduce_sum(self.groups.world))
+                                self.layout.replicas, all_reduce_sum(self.groups.world, self.ctx.device))
         per_rank = [None] * self.ctx.world
         dist.all_gather_object(per_rank, self.rank_stats(), group=self.groups.world)
         self._summarize(per_rank)

@@ -92,8 +92,9 @@ def _check_codec(cfg: Config, d: int) -> None:
             raise ConfigError(f"pipeline.compression = {pc.compression} leaves rank 0 for d = {d}")
     if pc.anchors != "none":
         if pc.codec not in ("mapl", "naive"):
+            why = "has its own fixed token table" if pc.codec == "ssn" else "has no projector"
             raise ConfigError(f"pipeline.anchors = {pc.anchors!r} needs a learned projector codec (mapl or naive); "
-                              f"codec {pc.codec!r} {'has its own fixed token table' if pc.codec == 'ssn' else 'sends d numbers'}")
+                              f"codec {pc.codec!r} {why}")
         if pc.anchors == "factorized" and not 0 < pc.anchor_dim <= d:
             raise ConfigError(f"pipeline.anchor_dim = {pc.anchor_dim} must be between 1 and d = {d}")
     if pc.spel_lr <= 0 or not 0 <= pc.spel_momentum < 1:

@@ -31,7 +31,8 @@ class VirtualPipeline:
 
     def __init__(self, stages: list[StageModule], counter: ByteCounter, loss_fn):
         self.stages, self.counter, self.loss_fn = stages, counter, loss_fn
-        self.links = [LocalLink.pair(p, counter) for p in range(len(stages) - 1)]  # (sender, receiver) ends
+        device = next(stages[0].parameters()).device
+        self.links = [LocalLink.pair(p, counter, device) for p in range(len(stages) - 1)]  # (sender, receiver)
         self.syncs: list[tuple[SharedParamSync, SharedParamSync]] = []
         for p in range(len(stages) - 1):
             enc, dec = stages[p].encoder, stages[p + 1].decoder

@@ -16,6 +16,7 @@ ends of an exchange can post their sends before either waits, with either transp
 
 from __future__ import annotations
 
+import abc
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -96,7 +97,7 @@ class ByteCounter:
         return [[b, d, c, n] for (b, d, c), n in sorted(self.total.items())]
 
 
-class Link:
+class Link(abc.ABC):
     """One end of a boundary: sends go out in ``direction`` and are counted; receives come from the peer."""
 
     def __init__(self, boundary: int, direction: str, counter: ByteCounter):
@@ -106,11 +107,13 @@ class Link:
         for p in packets:
             self.counter.add(self.boundary, self.direction, p.category, p.nbytes())
 
+    @abc.abstractmethod
     def isend(self, packets: list[Packet], tag: int) -> list:
-        raise NotImplementedError
+        """Start sending ``packets``; returns the works to wait on."""
 
+    @abc.abstractmethod
     def irecv(self, specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:
-        raise NotImplementedError
+        """Start receiving tensors of ``specs``; returns (buffers, works)."""
 
 
 class P2PLink(Link):
@@ -150,15 +153,17 @@ class _LocalReceive:
 class LocalLink(Link):
     """In-process link: a queue per direction, shared by the two ends built by ``LocalLink.pair``."""
 
-    def __init__(self, boundary: int, direction: str, counter: ByteCounter, out: deque, inbox: deque):
+    def __init__(self, boundary: int, direction: str, counter: ByteCounter, out: deque, inbox: deque,
+                 device: torch.device | str | None = None):
         super().__init__(boundary, direction, counter)
-        self.out, self.inbox = out, inbox
+        self.out, self.inbox, self.device = out, inbox, device
 
     @classmethod
-    def pair(cls, boundary: int, counter: ByteCounter) -> tuple[LocalLink, LocalLink]:
-        """(sender end, receiver end) of boundary ``boundary``."""
+    def pair(cls, boundary: int, counter: ByteCounter,
+             device: torch.device | str | None = None) -> tuple[LocalLink, LocalLink]:
+        """(sender end, receiver end) of boundary ``boundary``; receive buffers live on ``device``."""
         fwd, bwd = deque(), deque()
-        return cls(boundary, "fwd", counter, fwd, bwd), cls(boundary, "bwd", counter, bwd, fwd)
+        return cls(boundary, "fwd", counter, fwd, bwd, device), cls(boundary, "bwd", counter, bwd, fwd, device)
 
     def isend(self, packets: list[Packet], tag: int) -> list:
         self.count(packets)
@@ -166,7 +171,7 @@ class LocalLink(Link):
         return []
 
     def irecv(self, specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:
-        bufs = [s.empty() for s in specs]
+        bufs = [s.empty(self.device) for s in specs]
         return bufs, [_LocalReceive(self.inbox, bufs)] if bufs else []
 
 

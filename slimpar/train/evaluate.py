@@ -39,15 +39,17 @@ def _val_splits(data, cfg) -> dict[str, list]:
 def _eval_split(module, split, batches, data, cfg, rank, world, group, sharded) -> dict[str, float]:
     text = cfg.data.kind == "text"
     nll = count = nbytes = 0.0
+    device = next(module.parameters()).device
     for i, (x, y) in enumerate(batches):
         if sharded and world > 1 and i % world != rank:
             continue
-        logits = module(x)
+        logits = module(x.to(device))
+        y = y.to(device)
         if text:
             losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="none")
             nll += float(losses.sum())
             count += y.numel()
-            nbytes += float(data.target_bytes(y) or 0)
+            nbytes += float(data.target_bytes(y.cpu()) or 0)
         else:
             nll += float(F.cross_entropy(logits.float(), y, reduction="sum"))
             nbytes += float((logits.argmax(-1) == y).sum())  # correct predictions

@@ -31,7 +31,7 @@ def launch(cfg: Config, out_dir: Path) -> None:
         worker_main(to_dict(cfg), str(out_dir))
         return
     prepare_out_dir(cfg, out_dir, cfg.checkpoint.resume)
-    if cfg.parallel.mode == "single":
+    if cfg.parallel.mode == "single" or (cfg.parallel.mode == "pipeline" and cfg.pipeline.virtual):
         worker_main(to_dict(cfg), str(out_dir))
         return
     _elastic(cfg, out_dir)

@@ -127,7 +127,8 @@ class Trainer:
             g["lr"] = base * scale
         self.optimizer.zero_grad(set_to_none=True)
         if hasattr(self.strategy, "train_step"):  # pipelines run forward and backward in their schedule
-            loss = self.strategy.train_step(step, self._batch)
+            with saved.record() if saved is not None else contextlib.nullcontext():
+                loss = self.strategy.train_step(step, self._batch)
         else:
             loss = self._forward_backward(step, saved)
         self.strategy.after_backward()

@@ -1,0 +1,96 @@
+"""Distributed pipelines through ``slimpar train`` (local gloo workers) against a single process.
+
+- ``none``, 2 stages × 2 data-parallel replicas, 1F1B: the same losses and validation loss as
+  single-process training, and the bytes each rank counts at its sends equal both torch's c10d
+  ``send`` count and the hand count;
+- ``mapl`` r = 16 with factorized anchors, sent ids, RVQ and checksums, 3 stages, GPipe: both copies
+  of every shared parameter identical and orthonormal at the end, every byte accounted for.
+(``mapl`` with r = d from the identity equals ``none``: tests/unit/test_pipeline_virtual.py, in one
+process, since the stages, codecs and messages are the same code.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from slimpar.train.checkpoint import load_safetensors
+from tests.helpers import losses, run_train, summary
+
+COMMON = ["--train.steps", "3", "--eval.batches", "1", "--model.tie_embeddings", "false"]
+PIPE = ["--parallel.mode", "pipeline", "--checkpoint.final", "false"]
+B, T, D = 8, 64, 64  # llama_tiny: batch, sequence, width
+RUNS = {
+    "single": ["--checkpoint.export", "false", "--checkpoint.final", "false"],
+    "none": [*PIPE, "--checkpoint.export", "false", "--parallel.workers", "4", "--pipeline.stages", "2",
+             "--pipeline.schedule", "1f1b", "--pipeline.microbatches", "2"],
+    "mapl_rvq": [*PIPE, "--parallel.workers", "3", "--pipeline.stages", "3", "--pipeline.schedule", "gpipe",
+                 "--pipeline.microbatches", "4", "--pipeline.codec", "mapl", "--pipeline.rank", "16",
+                 "--pipeline.anchors", "factorized", "--pipeline.anchor_dim", "8", "--pipeline.rvq.levels", "2",
+                 "--pipeline.rvq.codebook", "64", "--pipeline.rvq.sync_every", "2", "--pipeline.checksum_every", "2",
+                 "--pipeline.spel_lr", "0.05"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    for name, extra in RUNS.items():
+        run_train(root / name, *COMMON, *extra, timeout=300)
+    return {name: root / name for name in RUNS}
+
+
+def _sends(record: dict) -> int:
+    return sum(n for key, n in record["comm_by_op"].items() if key.startswith("send@"))
+
+
+def test_uncompressed_pipeline_equals_single_process(runs) -> None:
+    assert losses(runs["none"]) == pytest.approx(losses(runs["single"]), rel=1e-5)
+    assert summary(runs["none"])["val_loss"] == pytest.approx(summary(runs["single"])["val_loss"], rel=1e-5)
+
+
+def test_bytes_counted_at_the_send_equal_c10d_and_hand_counts(runs) -> None:
+    s = summary(runs["none"])
+    activation = B // 2 * T * D * 4  # a replica's half batch at the boundary, float32
+    assert [r["pipeline_bytes_by_key"] for r in s["per_rank"]] == [
+        {"b0_fwd_payload": activation}, {"b0_bwd_payload": activation}] * 2  # rank = replica × 2 + stage
+    for record in s["per_rank"]:
+        assert _sends(record) == record["pipeline_bytes_sent"]
+    assert s["comm_bytes_per_step_fwd"] == s["comm_bytes_per_step_bwd"] == activation  # per pipeline
+    assert s["compression_ratio"] == 1.0 and s["max_orth_error"] == 0.0
+
+
+def test_compressed_pipeline_keeps_both_copies_identical_and_counts_every_byte(runs) -> None:
+    from slimpar.train.build import build_data
+    from slimpar.train.config import load_config
+    from tests.helpers import TINY
+
+    s = summary(runs["mapl_rvq"])
+    model = load_safetensors(runs["mapl_rvq"] / "model.safetensors")
+    for b in range(2):
+        A = model[f"codecs.send{b}.projector.A"]
+        assert torch.equal(A, model[f"codecs.recv{b}.projector.A"])
+        assert torch.equal(model[f"codecs.send{b}.anchor.E"], model[f"codecs.recv{b}.anchor.E"])
+        assert torch.linalg.matrix_norm(A.double().T @ A.double() - torch.eye(16, dtype=torch.float64)) <= 1e-5
+    assert 0 < s["max_orth_error"] <= 1e-5 and s["shared_param_resyncs"] == 0
+    assert s["codebook_messages"]["full"] == 4  # 2 boundaries × steps 0 and 2
+    cfg = load_config(TINY, ["--model.tie_embeddings", "false"])
+    x, _ = build_data(cfg).train_batch(2, 0, 1, B, T)  # the instrumented step (log.measure_step = 2)
+    distinct = len(torch.unique(x))
+    # int8 gradient parts with a float32 scale per row: A (D×16) and the anchor rows of distinct ids
+    # (distinct × 8), plus the 8-byte digests of A and E (checksum at step 2)
+    sync = D * 16 + D * 4 + distinct * 8 + distinct * 4 + 2 * 8
+    for stage, record in enumerate(s["per_rank"]):
+        assert _sends(record) == record["pipeline_bytes_sent"]  # counted at the send, c10d agrees
+        keys = record["pipeline_bytes_by_key"]
+        if stage < 2:  # sender of boundary `stage`: packed indices, ids, codebook rows, A / E parts, digests
+            assert keys[f"b{stage}_fwd_payload"] == 4 * math.ceil(B // 4 * T * 2 * 6 / 8)
+            assert keys[f"b{stage}_fwd_ids"] == B * T * 2
+            assert keys[f"b{stage}_fwd_codebook"] >= 4 * 32
+            assert keys[f"b{stage}_fwd_sync"] == sync
+        if stage > 0:  # receiver of boundary stage − 1: r float32 gradients per token
+            assert keys[f"b{stage - 1}_bwd_payload"] == B * T * 16 * 4
+            assert keys[f"b{stage - 1}_bwd_sync"] == sync
+    assert math.isfinite(s["val_loss"]) and s["compression_ratio"] > 4

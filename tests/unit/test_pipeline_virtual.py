@@ -1,0 +1,207 @@
+"""The single-process virtual pipeline against independent references.
+
+- ``none`` through 3 stages equals plain single-process training (torch.optim.AdamW, full-batch loss,
+  torch's clip_grad_norm_) and plain evaluation;
+- ``mapl`` with r = d starting at the identity equals ``none``;
+- bytes per step, per boundary, direction and kind equal hand counts from the shapes for every codec;
+- both copies of every shared parameter (A, symmetric anchors) stay bit-identical and orthonormal;
+- a diverged copy is found by the checksum and resynced, with the bytes counted;
+- inside the pipeline, every RVQ decode on the receiver equals the sender's quantized codes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from slimpar.parallel.strategy import Strategy
+from slimpar.pipeline.strategy import VirtualPipelineStrategy
+from slimpar.train.build import build_data, build_model, build_optimizer, loss_fn, lr_at
+from slimpar.train.config import load_config
+from slimpar.train.evaluate import evaluate
+from slimpar.train.worker import RunContext
+from tests.helpers import TINY
+
+BASE = ["--model.tie_embeddings", "false", "--parallel.mode", "pipeline", "--pipeline.virtual", "true",
+        "--train.batch_size", "8", "--pipeline.schedule", "gpipe", "--eval.batches", "1"]
+B, T, D = 8, 64, 64
+CTX = RunContext(0, 1, torch.device("cpu"), Path("."), None)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return build_data(load_config(TINY, BASE))
+
+
+def _cfg(*overrides: str):
+    return load_config(TINY, [*BASE, *overrides])
+
+
+def _batch_fn(data, cfg):
+    return lambda step, micro: data.train_batch(step, 0, 1, cfg.train.batch_size, cfg.data.seq_len)
+
+
+def _set_lr(opt, cfg, step: int, steps: int) -> None:
+    scale = lr_at(step, cfg, steps) / cfg.train.lr  # what the trainer does each step
+    for g in opt.param_groups:
+        g["lr"] = g.setdefault("base_lr", g["lr"]) * scale
+
+
+def _train_virtual(data, cfg, steps: int):
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
+    opt = strat.build_optimizer(cfg)
+    losses = []
+    for step in range(steps):
+        _set_lr(opt, cfg, step, steps)
+        opt.zero_grad(set_to_none=True)
+        losses.append(strat.train_step(step, _batch_fn(data, cfg)))
+        strat.after_backward()
+        strat.clip_grad_norm(cfg.train.grad_clip)
+        opt.step()
+        strat.after_step()
+    return strat, losses
+
+
+def _train_single(data, cfg, steps: int):
+    model = build_model(cfg, data)
+    opt = build_optimizer(list(model.named_parameters()), cfg)
+    losses = []
+    for step in range(steps):
+        _set_lr(opt, cfg, step, steps)
+        opt.zero_grad(set_to_none=True)
+        x, y = _batch_fn(data, cfg)(step, 0)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def test_virtual_pipeline_without_codec_equals_single_process(data) -> None:
+    cfg = _cfg("--pipeline.stages", "3", "--pipeline.microbatches", "4")
+    model, ref = _train_single(data, cfg, 4)
+    strat, got = _train_virtual(data, cfg, 4)
+    assert got == pytest.approx(ref, rel=1e-5)
+    ref_eval = evaluate(Strategy(model), data, cfg, 0, 1)
+    got_eval = strat.evaluate(data, cfg)
+    assert set(got_eval) == set(ref_eval)
+    for k, v in ref_eval.items():
+        assert got_eval[k] == pytest.approx(v, rel=1e-5), k
+    full = strat.full_state_dict()
+    for k, v in model.state_dict().items():
+        assert torch.allclose(full[k], v, atol=1e-5), k
+
+
+def test_mapl_full_rank_identity_start_equals_none(data) -> None:
+    _, ref = _train_virtual(data, _cfg("--pipeline.microbatches", "2"), 4)
+    strat, got = _train_virtual(data, _cfg("--pipeline.microbatches", "2", "--pipeline.codec", "mapl",
+                                           "--pipeline.rank", str(D)), 4)
+    assert got == pytest.approx(ref, abs=1e-5)
+    A_send, A_recv = strat.stages[0].encoder.projector.A, strat.stages[1].decoder.projector.A
+    # with r = d the loss does not depend on A (AAᵀ = I): SPEL may rotate A (the exact gradient is normal
+    # to the manifold at A = I, the int8-rounded parts are not quite), but the copies agree and stay orthogonal
+    assert torch.equal(A_send, A_recv)
+    A = A_send.detach().double()
+    assert torch.linalg.matrix_norm(A.T @ A - torch.eye(D, dtype=torch.float64)) <= 1e-5
+
+
+def _expected_bytes(cfg, x: torch.Tensor, stages: int) -> dict:
+    """Hand count of one step's bytes per (boundary, direction, kind) for the configs below."""
+    pc, n = cfg.pipeline, x.numel()
+    r = pc.rank or D // pc.compression if pc.codec in ("mapl", "ssn", "naive") else D
+    per_token = {"none": 4 * D, "bf16": 2 * D, "int8": D + 4}.get(pc.codec, 4 * r)
+    out = {}
+    for b in range(stages - 1):
+        out[(b, "fwd", "payload")] = out[(b, "bwd", "payload")] = n * per_token
+        if pc.anchors != "none" or pc.codec == "ssn":
+            out[(b, "fwd", "ids")] = 2 * n
+        sync = D * r + D * 4 if pc.codec == "mapl" else 0  # A's gradient part: int8 + a float32 scale per row
+        if pc.anchors == "factorized":
+            u = len(torch.unique(x))  # int8 rows of the step's distinct ids, each with its scale
+            sync += u * pc.anchor_dim + u * 4
+        if sync:
+            out[(b, "fwd", "sync")] = out[(b, "bwd", "sync")] = sync
+    return out
+
+
+BYTE_CASES = {
+    "none": [], "bf16": ["--pipeline.codec", "bf16"], "int8": ["--pipeline.codec", "int8"],
+    "mapl": ["--pipeline.codec", "mapl"], "naive": ["--pipeline.codec", "naive", "--pipeline.rank", "8"],
+    "ssn": ["--pipeline.codec", "ssn", "--pipeline.compression", "8"],
+    "mapl_anchors": ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized", "--pipeline.anchor_dim", "8"],
+}
+
+
+@pytest.mark.parametrize("name", list(BYTE_CASES))
+def test_bytes_per_step_equal_hand_counts(data, name: str) -> None:
+    cfg = _cfg("--pipeline.stages", "3", "--pipeline.microbatches", "2", *BYTE_CASES[name])
+    strat, _ = _train_virtual(data, cfg, 2)
+    x, _ = _batch_fn(data, cfg)(1, 0)
+    expected = _expected_bytes(cfg, x, 3)
+    assert dict(strat.counter.step) == expected
+    strat.evaluate(data, cfg)  # evaluation traffic is not training traffic
+    summary = strat.summary_extras()
+    fwd = sum(v for (_, d, _), v in expected.items() if d == "fwd")
+    bwd = sum(v for (_, d, _), v in expected.items() if d == "bwd")
+    none = 2 * B * T * D * 4  # two boundaries, float32 d per token
+    assert summary["comm_bytes_per_step_none"] == none
+    if name != "mapl_anchors":  # steady traffic: every step the same
+        assert summary["comm_bytes_per_step_fwd"] == fwd and summary["comm_bytes_per_step_bwd"] == bwd
+    assert summary["compression_ratio"] == pytest.approx(2 * none / (summary["comm_bytes_per_step_fwd"]
+                                                                      + summary["comm_bytes_per_step_bwd"]))
+
+
+def test_rvq_bytes_and_receiver_decodes_match_the_sender(data) -> None:
+    cfg = _cfg("--pipeline.microbatches", "2", "--pipeline.codec", "mapl", "--pipeline.rvq.levels", "2",
+               "--pipeline.rvq.codebook", "64", "--pipeline.rvq.sync_every", "2")
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
+    opt = strat.build_optimizer(cfg)
+    enc, pipe = strat.stages[0].encoder, strat.pipe
+    sent, got, headers = [], [], []
+    enc.register_forward_hook(lambda mod, args, out: sent.append(out.detach().clone()))
+    receive, message = pipe.receive, enc.codebook.message
+    pipe.receive = lambda b, shape: got.append(receive(b, shape)) or got[-1]
+    enc.codebook.message = lambda k: headers.append(message(k)) or headers[-1]
+    for step in range(4):
+        opt.zero_grad()
+        strat.train_step(step, _batch_fn(data, cfg))
+        opt.step()
+    assert len(sent) == len(got) == 8 and all(torch.equal(a, b) for a, b in zip(sent, got, strict=True))
+    assert len({h.version for h in headers}) == 8  # a new codebook every microbatch
+    assert [h.kind for h in headers].count("full") == 2  # steps 0 and 2 (sync_every = 2)
+    mb_tokens = B // 2 * T
+    cb = sum(32 + h.values.shape[0] * (2 if h.kind == "delta" else 0) + h.values.numel() * 4 for h in headers[-2:])
+    assert strat.counter.step[(0, "fwd", "payload")] == 2 * math.ceil(mb_tokens * 2 * 6 / 8)  # 6 bits per index
+    assert strat.counter.step[(0, "fwd", "codebook")] == cb
+    assert strat.counter.step[(0, "bwd", "payload")] == B * T * 16 * 4
+
+
+def test_shared_copies_stay_identical_and_orthonormal(data) -> None:
+    cfg = _cfg("--pipeline.stages", "3", "--pipeline.microbatches", "2", "--pipeline.codec", "mapl",
+               "--pipeline.anchors", "factorized", "--pipeline.spel_lr", "0.05")
+    strat, _ = _train_virtual(data, cfg, 5)
+    for p in range(2):
+        enc, dec = strat.stages[p].encoder, strat.stages[p + 1].decoder
+        assert torch.equal(enc.projector.A, dec.projector.A) and torch.equal(enc.anchor.E, dec.anchor.E)
+        A = enc.projector.A.detach().double()
+        assert torch.linalg.matrix_norm(A.T @ A - torch.eye(A.shape[1], dtype=torch.float64)) <= 1e-5
+    assert 0 < strat.max_orth <= 1e-5
+
+
+def test_checksum_finds_and_repairs_a_diverged_copy(data) -> None:
+    cfg = _cfg("--pipeline.microbatches", "2", "--pipeline.codec", "mapl")
+    strat, _ = _train_virtual(data, cfg, 1)
+    A_send, A_recv = strat.stages[0].encoder.projector.A, strat.stages[1].decoder.projector.A
+    with torch.no_grad():
+        A_recv.add_(1e-3)
+    strat.counter.begin_step()
+    assert strat.pipe.check_shared() == 1 and torch.equal(A_send, A_recv)
+    d, r = A_send.shape
+    assert dict(strat.counter.step) == {(0, "fwd", "sync"): 8 + d * r * 4, (0, "bwd", "sync"): 8}
+    strat.counter.begin_step()
+    assert strat.pipe.check_shared() == 0
+    assert dict(strat.counter.step) == {(0, "fwd", "sync"): 8, (0, "bwd", "sync"): 8}
