@@ -40,6 +40,7 @@ def llama_rows(config: str, steps: int, seeds: tuple[int, ...], group: str = "ll
         "Bb-SDP 3/8": _sdp("block", 0.375, "backward"),
         "B-SDP 0.5+AC": _sdp("block", 0.5, extra=AC),
         "B-SDP 0.5+FSDP2+AC": _sdp("block", 0.5, extra=["--sdp.fsdp", "2", *AC]),
+        "B-SDP 0.5+FSDP2(holders)+AC": _sdp("block", 0.5, extra=["--sdp.holder_shard", "true", *AC]),
         "B-SDP 0.5 FLOP-matched": _sdp("block", 0.5, extra=["--sdp.flop_matched", "true"]),
         "N-SDP 0.5 FLOP-matched": _sdp("neuron", 0.5, extra=["--sdp.flop_matched", "true"]),
     }

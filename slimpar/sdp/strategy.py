@@ -95,6 +95,10 @@ class SDPStrategy(Strategy):
             if cfg.train.activation_checkpointing:
                 apply_ac(model_blocks(m))
             m.to(ctx.device)
+            if cfg.sdp.holder_shard:
+                from slimpar.sdp.holder_fsdp import shard_over_holders
+
+                shard_over_holders(m, self.plan, ctx.rank, ctx.device)
             if mesh is not None:
                 from torch.distributed.fsdp import fully_shard
 
@@ -103,7 +107,8 @@ class SDPStrategy(Strategy):
                 fully_shard(m, mesh=mesh)
 
         self.wrapper = SubnetworkDataParallel(model, self.plan, regime=cfg.sdp.regime, group=ctx.group,
-                                              refresh_every=cfg.sdp.refresh_every, fsdp=f, parallelize=parallelize)
+                                              refresh_every=cfg.sdp.refresh_every, fsdp=f, parallelize=parallelize,
+                                              fsdp_does_averaging=cfg.sdp.holder_shard)
         self.module = self.wrapper
         self._full: nn.Module | None = None
 

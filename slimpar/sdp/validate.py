@@ -24,6 +24,9 @@ def validate_sdp(cfg: Config) -> None:
         raise ConfigError(f"sdp.fsdp = {s.fsdp} must divide parallel.workers = {workers}")
     if s.fsdp > 1 and s.level != "block":
         raise ConfigError("SDP with FSDP2 (sdp.fsdp > 1) shards block subnetworks; use --sdp.level block")
+    if s.holder_shard and (s.level != "block" or s.regime != "forward" or s.fsdp != 1):
+        raise ConfigError("sdp.holder_shard shards whole blocks of forward-masked subnetworks over their holders; "
+                          "use --sdp.level block --sdp.regime forward --sdp.fsdp 1")
     if s.refresh_every < 1:
         raise ConfigError(f"sdp.refresh_every must be >= 1, got {s.refresh_every}")
     if s.check_every < 0:

@@ -46,7 +46,7 @@ class SubnetworkDataParallel(nn.Module):
     def __init__(self, module: nn.Module, plan: Plan, regime: str = "forward",
                  group: dist.ProcessGroup | None = None, bucket_mb: float = 25.0,
                  refresh_every: int = 1, overlap: bool = True, shared_names: list[str] | None = None,
-                 fsdp: int = 1, parallelize=None):
+                 fsdp: int = 1, parallelize=None, fsdp_does_averaging: bool = False):
         super().__init__()
         if group is None and dist.is_initialized():
             group = dist.group.WORLD
@@ -78,7 +78,9 @@ class SubnetworkDataParallel(nn.Module):
                                           world_group=group) if group is not None else None
         # FSDP2 hands back sharded gradients after its own reduce-scatter, not through autograd's
         # accumulation hooks, so with an FSDP dimension the holder all-reduce runs after backward.
-        self.grad_sync = self._build_sync(int(bucket_mb * 2**20), overlap and fsdp == 1)
+        self.fsdp_does_averaging = fsdp_does_averaging  # holder-sharded FSDP2: its reduce-scatter averages
+        cap = int(bucket_mb * 2**20)
+        self.grad_sync = None if fsdp_does_averaging else self._build_sync(cap, overlap and fsdp == 1)
 
     # ------------------------------------------------------------ gradient sync
     def _build_sync(self, cap: int, overlap: bool) -> GradSync | None:
@@ -115,6 +117,12 @@ class SubnetworkDataParallel(nn.Module):
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip by the norm of the full model's averaged gradient (identical on every worker)."""
         sq = torch.zeros((), dtype=torch.float64)
+        if self.fsdp_does_averaging:  # every element lives on exactly one rank's shard
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    sq += local(p.grad).double().pow(2).sum()
+            dist.all_reduce(sq, group=self.group)
+            return self._scale_grads(float(sq.sqrt()), max_norm)
         for c, pieces in self.sub.pieces.items():
             if self.plan.holders(c)[0] == self.rank:
                 sq += sum(_sq(p) for p in pieces)
@@ -122,7 +130,9 @@ class SubnetworkDataParallel(nn.Module):
             sq += sum(_sq(p) for p in self.sub.shared)
         if self.group is not None:
             dist.all_reduce(sq, group=self.group)
-        norm = float(sq.sqrt())
+        return self._scale_grads(float(sq.sqrt()), max_norm)
+
+    def _scale_grads(self, norm: float, max_norm: float) -> float:
         if max_norm > 0 and norm > max_norm:
             scale = max_norm / (norm + 1e-6)
             for p in self.module.parameters():
@@ -157,7 +167,7 @@ class SubnetworkDataParallel(nn.Module):
     @torch.no_grad()
     def check_replicas(self) -> None:
         """Raise, naming the component, unless all holders' copies are bit-identical."""
-        if self.holder_groups is None:
+        if self.holder_groups is None or self.fsdp_does_averaging:  # sharded, not replicated
             return
         everyone = tuple(range(self.plan.world_size))
         items = [(c, self.plan.holders(c), self.sub.pieces[c]) for c in sorted(self.sub.pieces)]
@@ -175,11 +185,15 @@ class SubnetworkDataParallel(nn.Module):
     # --------------------------------------------------------------- gather
     def _local_full_tensors(self) -> dict[str, torch.Tensor]:
         """This worker's unsharded tensors (FSDP2: all-gathered within the worker's shard group)."""
-        if self.fsdp == 1:
+        if self.fsdp == 1 and not self.fsdp_does_averaging:
             tensors = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
             for name, (module, attr, dim) in self.sub.split.items():  # backward regime: held + frozen parts
                 tensors[name] = torch.cat([getattr(module, attr + "_held"), getattr(module, attr + "_frozen")], dim)
             return tensors
+        if self.fsdp_does_averaging:  # blocks sharded over different holder groups: gather in model order
+            params = self.module.named_parameters()
+            tensors = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in params}
+            return tensors | dict(self.module.named_buffers())
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=False))

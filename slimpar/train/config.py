@@ -95,6 +95,7 @@ class SDPConfig:
     flop_matched: bool = False  # scale the number of steps by 1/keep
     eval_rescale: str = "none"  # none | survival (scale block residuals by keep at evaluation)
     fsdp: int = 1  # shard each worker's subnetwork over this many ranks with FSDP2 (2-D layout)
+    holder_shard: bool = False  # FSDP2-shard every block over its own holder group (its averaging is FSDP's)
 
 
 @dataclass
