@@ -1,4 +1,4 @@
-"""Single-device models (no torch.distributed here): parallelism is applied from outside."""
+"""Single-device models (no distributed code here): parallelism is applied from outside."""
 
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.models.resnet import ResNet, ResNetConfig, resnet18, wrn18

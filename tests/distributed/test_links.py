@@ -15,11 +15,11 @@ from slimpar.bench import links
 from slimpar.bench.links import (
     ThrottledNetwork,
     list_namespaces,
-    measure_tcp_throughput,
     run_in_network,
     simulated_step_time,
     tbf_params,
 )
+from slimpar.bench.tcp_probe import measure_tcp_throughput
 from tests.helpers import TINY
 
 RATE = 20.0  # Mbit/s: a 5 MiB transfer takes ~2 s
