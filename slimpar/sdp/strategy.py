@@ -112,6 +112,20 @@ class SDPStrategy(Strategy):
         self.module = self.wrapper
         self._full: nn.Module | None = None
 
+    @property
+    def checkpoint_module(self) -> nn.Module:
+        """What checkpoints save: without FSDP, this worker's subnetwork under ``worker{rank}.``.
+
+        Workers' tensors of the same name are not replicas here — neuron plans slice different units
+        out of each layer, and in the backward regime a non-holder's copy lags its holders' until the
+        next refresh — so DCP must not deduplicate them; each worker saves and reloads its own
+        (replicated blocks are then stored once per holder). FSDP layouts keep DTensor names, since
+        DCP assembles every DTensor from the shards of all the ranks that hold its name.
+        """
+        if self.cfg.sdp.fsdp > 1 or self.cfg.sdp.holder_shard:
+            return self.wrapper
+        return nn.ModuleDict({f"worker{self.ctx.rank}": self.wrapper})
+
     def no_sync(self):
         return self.wrapper.no_sync()
 

@@ -2,8 +2,11 @@
 
 A checkpoint is ``OUT/checkpoints/step_{N:06d}/``: DCP shards of the model and optimizer state
 (each rank writes what it holds; replicas are deduplicated by DCP's planner) plus ``trainer.json``
-with the step. Data order and augmentation are pure functions of (seed, step), so the step is all
-the loader needs to resume exactly.
+with the step. The optimizer state is flattened to keys named by parameter (``state.<fqn>.exp_avg``,
+``param_groups.<fqn>.lr``): ranks that hold different parameters (SDP subnetworks, pipeline stages)
+build different param-group lists, and index-keyed groups (``param_groups.0``) would be deduplicated
+across ranks as if they were replicas, losing every rank's groups but one. Data order and
+augmentation are pure functions of (seed, step), so the step is all the loader needs to resume exactly.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # keys by parameter name: see above
 
 _STEP_DIR = re.compile(r"^step_(\d{6})$")
 
@@ -37,7 +42,7 @@ def save_checkpoint(out_dir: Path, step: int, model, optimizer, rank: int, group
     """Save model + optimizer after ``step`` steps. ``trainer.json`` is written last, by rank 0,
     so a directory without it is an interrupted save and is never resumed from."""
     path = checkpoint_dir(out_dir) / f"step_{step:06d}"
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), process_group=group)
     if dist.is_initialized():
         dist.barrier(group=group)
@@ -50,10 +55,10 @@ def save_checkpoint(out_dir: Path, step: int, model, optimizer, rank: int, group
 
 def load_checkpoint(path: Path, model, optimizer, group=None) -> int:
     """Load into ``model``/``optimizer`` in place; returns the number of steps already done."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path), process_group=group)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=OPTIONS)
     return int(json.loads((path / "trainer.json").read_text())["step"])
 
 

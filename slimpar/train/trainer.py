@@ -81,7 +81,7 @@ class Trainer:
         if cfg.checkpoint.resume:
             path = latest_checkpoint(ctx.out_dir)
             if path is not None:
-                self.start = load_checkpoint(path, self.strategy.module, self.optimizer, ctx.group)
+                self.start = load_checkpoint(path, self._checkpoint_module(), self.optimizer, ctx.group)
 
     # ------------------------------------------------------------------ step
     def _batch(self, step: int, micro: int):
@@ -93,6 +93,10 @@ class Trainer:
         else:
             x, y = self.data.train_batch(step, dp_rank * acc + micro, dp_world * acc, cfg.train.batch_size)
         return x.to(ctx.device), y.to(ctx.device)
+
+    def _checkpoint_module(self) -> torch.nn.Module:
+        """The module DCP saves: a strategy may name its tensors per worker (SDP subnetworks)."""
+        return getattr(self.strategy, "checkpoint_module", self.strategy.module)
 
     def _dp_rank(self) -> int:
         return getattr(self.strategy, "dp_rank", self.ctx.rank)
@@ -186,7 +190,7 @@ class Trainer:
             self._after_step(step, loss, gnorm, progress)
         progress.close()
         if end < self.total:  # a planned stop: save and leave the rest to --resume
-            save_checkpoint(ctx.out_dir, end, self.strategy.module, self.optimizer, ctx.rank, ctx.group)
+            save_checkpoint(ctx.out_dir, end, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group)
             return
         self._finish()
 
@@ -215,7 +219,8 @@ class Trainer:
         else:
             progress.update(done, None)
         if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and not last:
-            save_checkpoint(self.ctx.out_dir, done, self.strategy.module, self.optimizer, self.ctx.rank, self.ctx.group)
+            ctx = self.ctx
+            save_checkpoint(ctx.out_dir, done, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group)
 
     def _evaluate(self) -> dict:
         if hasattr(self.strategy, "evaluate"):
@@ -226,7 +231,7 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         results = self._evaluate()
         if cfg.checkpoint.final and self.start < self.total:
-            save_checkpoint(ctx.out_dir, self.total, self.strategy.module, self.optimizer, ctx.rank, ctx.group)
+            save_checkpoint(ctx.out_dir, self.total, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group)
         full = self.strategy.full_state_dict() if cfg.checkpoint.export else None
         per_rank = [self.measured] * 1
         if ctx.group is not None:

@@ -34,3 +34,16 @@ def test_export_loads_and_evaluates(tmp_path):
     evaluated = json.loads((out / "eval.json").read_text())
     assert evaluated["val_loss"] == pytest.approx(summary(out)["val_loss"], rel=1e-6)
     assert all(torch.isfinite(v).all() for v in state.values())
+
+
+def test_sdp_resume_continues_exactly(tmp_path):
+    """Workers hold different subnetworks, so their optimizers have different parameters: each
+    rank's state must come back to that rank (optimizer state keyed by parameter name)."""
+    args = ["--train.steps", "6", "--eval.batches", "1", "--data.ood", "none", "--checkpoint.export", "false",
+            "--parallel.mode", "sdp", "--parallel.workers", "4", "--sdp.level", "neuron", "--sdp.keep", "0.5"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run_train(straight, *args)
+    run_train(split, *args, "--train.stop_after", "3")
+    run_train(split, *args, resume=True)
+    assert losses(split) == losses(straight)
+    assert summary(split)["val_loss"] == summary(straight)["val_loss"]
