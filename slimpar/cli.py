@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True, help="folder for results.json, report.md and plots")
     b.add_argument("--steps", type=int, default=100, help="training steps per row of the full benchmark")
     b.add_argument("--rows", default="", help="comma-separated row names (default: all); finished rows are reused")
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="mapl only: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling)")
+    b.add_argument("--jobs", type=int, default=1, help="rows run at once (for a GPU; CPU timings need 1)")
     b.set_defaults(func=_bench)
     return p
 

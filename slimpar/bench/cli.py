@@ -12,14 +12,19 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
     if rest:
         raise ConfigError(f"slimpar bench takes no overrides, got {' '.join(rest)}")
     out = Path(args.out)
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.which == "sdp" and args.device != "cpu":
+        raise ConfigError("slimpar bench sdp needs one process per worker; on one GPU use "
+                          "python -m slimpar.bench.gpu (the per-worker memory probe)")
     if args.which == "sdp":
         from slimpar.bench.sdp import bench_sdp
 
-        data = bench_sdp(out, args.quick, args.steps, _names(args.rows))
+        data = bench_sdp(out, args.quick, args.steps, _names(args.rows), jobs=args.jobs)
     else:
         from slimpar.bench.mapl import bench_mapl
 
-        data = bench_mapl(out, args.quick, args.steps, _names(args.rows))
+        data = bench_mapl(out, args.quick, args.steps, _names(args.rows), device=args.device, jobs=args.jobs)
     print((out / "report.md").read_text())
     return 0 if data else 1
 

@@ -39,11 +39,18 @@ ROWS = {
 QUICK = ("none", "bf16", "naive 4x", "SSN 4x", "MAPL 4x", "MAPL 16x + RVQ")
 
 
-def rows(quick: bool, steps: int = 100) -> list[Row]:
+# On one GPU every row is a virtual pipeline (pipeline/virtual.py): the same stages, codecs and
+# messages in one process, bytes counted at the same sends, but no links to time or throttle.
+ON_GPU = ["--pipeline.virtual", "true", "--parallel.workers", "1", "--parallel.device", "cuda",
+          "--data.ood", "none"]
+
+
+def rows(quick: bool, steps: int = 100, device: str = "cpu") -> list[Row]:
+    pipe = PIPE + ON_GPU if device == "cuda" else PIPE  # later overrides win
     if quick:
-        base = [*PIPE, "--train.steps", "10", "--eval.batches", "2", "--data.ood", "none"]
+        base = [*pipe, "--train.steps", "10", "--eval.batches", "2", "--data.ood", "none"]
         return [Row(n, "configs/llama_tiny.toml", base + ROWS[n], "llama-tiny") for n in QUICK]
-    base = [*PIPE, "--train.steps", str(steps)]
+    base = [*pipe, "--train.steps", str(steps)]
     return [Row(n, "configs/llama_small.toml", base + o, "llama") for n, o in ROWS.items()]
 
 
@@ -73,7 +80,7 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
              fmt(ln["max_orth_error"], 8) if ln["max_orth_error"] is not None else "–",
              fmt(ln["spel_time_share"], pct=False, digits=3), fmt(ln["step_time_s"], 3)] for ln in lines]
     head = (f"# slimpar bench mapl\n\nMeasured {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
-            f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. 4 pipeline stages on 4 local gloo processes; "
+            f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. {_layout(meta)}; "
             "every row trains on the same tokens for the same steps (token-matched). Bytes are summed over the 3 "
             "boundaries and counted at the send, per step, everything included (payload, token ids, codebook "
             "rows, projector/anchor gradient sums and checksums).\n\n")
@@ -81,21 +88,35 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
     return head + markdown_table(headers, body) + "\n\nCommands:\n\n" + cmds + "\n"
 
 
-def bench_mapl(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None) -> dict:
+def _layout(meta: dict) -> str:
+    if meta.get("device") == "cuda":
+        return f"4 pipeline stages as one virtual pipeline on {meta.get('gpu') or 'one GPU'} (rows run concurrently)"
+    return "4 pipeline stages on 4 local gloo processes"
+
+
+def bench_mapl(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None, device: str = "cpu",
+               jobs: int = 1) -> dict:
     from slimpar.bench.plots import pareto_plot
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
     out.mkdir(parents=True, exist_ok=True)
-    todo = select_rows(rows(quick, steps), only)
-    results = run_rows(todo, out)
+    todo = select_rows(rows(quick, steps, device), only)
+    results = run_rows(todo, out, jobs)
     none = next((line(r, None) for r in results if r["row"] == "none"), None)
     lines = [line(r, none) for r in results]
-    meta = metadata({"quick": quick, "steps": None if quick else steps})
-    linked = [r for r in todo if r.name in ("none", "MAPL 4x")]
+    meta = metadata({"quick": quick, "steps": None if quick else steps, "device": device, "gpu": _gpu(device)})
+    linked = [r for r in todo if r.name in ("none", "MAPL 4x")] if device == "cpu" else []
     base = {r["row"]: r["summary"] for r in results}
-    throttled = run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base)
+    throttled = run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base) if linked else []
     data = {"meta": meta, "lines": lines, "throttled": throttled, "runs": results}
     write_json(out / "results.json", data)
-    (out / "report.md").write_text(report_markdown(lines, meta) + throttled_markdown(throttled, "none"))
+    links = throttled_markdown(throttled, "none") if linked else ""
+    (out / "report.md").write_text(report_markdown(lines, meta) + links)
     pareto_plot(lines, out / "pareto_mapl.png")
     return data
+
+
+def _gpu(device: str) -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else None

@@ -56,17 +56,27 @@ def _command(row: Row) -> str:
     return " ".join(["slimpar train --config", row.config, "--train.seed", str(row.seed), *row.overrides])
 
 
-def run_rows(rows: list[Row], root: Path) -> list[dict]:
+def run_rows(rows: list[Row], root: Path, jobs: int = 1) -> list[dict]:
+    """Every row, in order; ``jobs`` > 1 runs that many at once (GPU rows, whose timings are not compared
+    across machines; CPU rows share 2 cores and need ``jobs = 1`` for honest step times)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from rich.progress import Progress
 
-    results = []
     with Progress() as bar:
         task = bar.add_task("bench", total=len(rows))
-        for row in rows:
-            bar.update(task, description=f"{row.group}: {row.name} (seed {row.seed})")
-            results.append(run_row(row, root))
+
+        def one(row: Row) -> dict:
+            if jobs == 1:
+                bar.update(task, description=f"{row.group}: {row.name} (seed {row.seed})")
+            result = run_row(row, root)
             bar.advance(task)
-    return results
+            return result
+
+        if jobs == 1:
+            return [one(row) for row in rows]
+        with ThreadPoolExecutor(jobs) as pool:  # each row is its own subprocess; threads only wait
+            return list(pool.map(one, rows))
 
 
 def select_rows(rows: list[Row], only: set[str] | None) -> list[Row]:

@@ -128,13 +128,13 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
         f"- {ln['row']} ({ln['group']}): `{ln['command']}`" for ln in lines) + "\n"
 
 
-def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None) -> dict:
+def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None, jobs: int = 1) -> dict:
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
     out.mkdir(parents=True, exist_ok=True)
     rows = quick_rows() if quick else llama_rows(LLAMA, steps, (0, 1)) + resnet_rows(steps)
     rows = select_rows(rows, only)
-    results = run_rows(rows, out)
+    results = run_rows(rows, out, jobs)
     lines = aggregate(results)
     meta = metadata({"quick": quick, "steps": None if quick else steps})
     first = rows[0].group

@@ -65,11 +65,11 @@ class PipelineStrategy(PipelineStrategyBase):
                                            self.groups.pipeline, layout.peers(), self.counter)
         self.schedule = SCHEDULES[cfg.pipeline.schedule](self.pp_stage, n_microbatches=cfg.pipeline.microbatches,
                                                          loss_fn=loss_fn)
-        self.syncs = []
+        self.syncs, dtype = [], cfg.pipeline.sync_dtype
         if stage.decoder is not None and stage.decoder.shared_parameters():
-            self.syncs.append(SharedParamSync(stage.decoder.shared_parameters(), "receiver", self.pp_stage.prev))
+            self.syncs.append(SharedParamSync(stage.decoder.shared_parameters(), "receiver", self.pp_stage.prev, dtype))
         if stage.encoder is not None and stage.encoder.shared_parameters():
-            self.syncs.append(SharedParamSync(stage.encoder.shared_parameters(), "sender", self.pp_stage.next))
+            self.syncs.append(SharedParamSync(stage.encoder.shared_parameters(), "sender", self.pp_stage.next, dtype))
 
     @property
     def stage(self):
@@ -174,7 +174,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
     def __init__(self, cfg, model, ctx):
         stages = [s.to(ctx.device) for s in _stages_of(cfg, model, list(range(cfg.pipeline.stages)))]
         super().__init__(cfg, stages, 0, 1)
-        self.pipe = VirtualPipeline(stages, self.counter, loss_fn)
+        self.pipe = VirtualPipeline(stages, self.counter, loss_fn, cfg.pipeline.sync_dtype)
         self.resyncs = 0
 
     def train_step(self, step: int, batch_fn) -> float:

@@ -16,12 +16,13 @@ end's backward produces only its own part of the gradient — the sender's (h �
                         on any mismatch the sender sends its values and the receiver adopts them.
                         Optimizer state needs no resync: it is a function of the (identical) gradients.
 
-Why int8 parts (**Decision**): the exchange is d·r numbers per step against (tokens per step)·r of
-payload, so at CPU-scale batches (2,048 tokens, d = 256, 4×) fp32 parts add 12.5% to a boundary's
-payload, bf16 6.3%, int8 3.3% (d·r + 4d bytes). Both ends sum the *dequantized* parts, so the two
-copies stay bit-identical; the error (at most half a quantization step, max|row|/254) is far below
-the minibatch gradient noise, and SPEL only uses the direction of the momentum. At pretraining
-batch sizes the exchange is negligible in any format. All bytes are counted as ``sync``.
+Why int8 parts by default (**Decision**; ``--pipeline.sync_dtype fp32`` gives the exact sum): the
+exchange is d·r numbers per step against (tokens per step)·r of payload, so at CPU-scale batches
+(2,048 tokens, d = 256, 4×) fp32 parts add 12.5% to a boundary's payload, bf16 6.3%, int8 3.3% (d·r
++ 4d bytes). Both ends sum the *dequantized* parts, so the two copies stay bit-identical; the error
+(at most half a quantization step, max|row|/254) is far below the minibatch gradient noise, and SPEL
+only uses the direction of the momentum. At pretraining batch sizes the exchange is negligible in
+any format. All bytes are counted as ``sync``.
 
 The two phases let both ends post their sends before either waits, on a P2PLink (two ranks) or a
 LocalLink (the virtual pipeline calls post on both ends, then finish on the sender, then the receiver).
@@ -37,6 +38,22 @@ from torch import Tensor, nn
 from slimpar.codecs.quant import Int8Codec, Int8Payload
 from slimpar.pipeline.wire import TAG_CHECK, TAG_SYNC, Link, Packet, WireSpec, wait_all
 
+SYNC_DTYPES = ("int8", "bf16", "fp32")
+
+
+def encode_part(g: Tensor, dtype: str) -> list[Tensor]:
+    """The wire form of one gradient part: [int8 values, float32 row scales] or [bf16] or [fp32]."""
+    if dtype == "int8":
+        q = Int8Codec().encode(g.float())
+        return [q.values.contiguous(), q.scale.contiguous()]
+    return [g.to(torch.bfloat16 if dtype == "bf16" else torch.float32).contiguous()]
+
+
+def decode_part(parts: list[Tensor], dtype: str) -> Tensor:
+    if dtype == "int8":
+        return Int8Codec().decode(Int8Payload(parts[0], parts[1]))
+    return parts[0].float()
+
 
 def digest(t: Tensor) -> int:
     """8-byte BLAKE2b digest of a tensor's bytes, as a signed int64."""
@@ -47,29 +64,31 @@ def digest(t: Tensor) -> int:
 class SharedParamSync:
     """One end (``role`` = "sender" | "receiver") of a boundary's shared-parameter synchronisation."""
 
-    def __init__(self, params: list[tuple[str, nn.Parameter, bool]], role: str, link: Link):
+    def __init__(self, params: list[tuple[str, nn.Parameter, bool]], role: str, link: Link, dtype: str = "int8"):
         if role not in ("sender", "receiver"):
             raise ValueError(f"role must be 'sender' or 'receiver', got {role!r}")
-        self.params, self.role, self.link = params, role, link
+        if dtype not in SYNC_DTYPES:
+            raise ValueError(f"sync dtype must be one of {SYNC_DTYPES}, got {dtype!r}")
+        self.params, self.role, self.link, self.dtype = params, role, link, dtype
         self.resyncs = 0
         self._pending: tuple | None = None
 
     # -- gradient exchange ------------------------------------------------------------------------
     def post(self, rows: Tensor | None = None) -> None:
-        """Send this end's int8 gradient parts; ``rows`` = the step's distinct ids (anchor tables)."""
+        """Send this end's encoded gradient parts; ``rows`` = the step's distinct ids (anchor tables)."""
         mine = [t for _, p, sparse in self.params for t in self._part(p, rows if sparse else None)]
         sends = self.link.isend([Packet("sync", t) for t in mine], TAG_SYNC)
         theirs, recvs = self.link.irecv([WireSpec("sync", tuple(t.shape), t.dtype) for t in mine], TAG_SYNC)
         self._pending = (mine, theirs, rows, sends + recvs)
 
     def finish(self) -> None:
-        """Wait for the other end's parts and install grad = deq(sender part) + deq(receiver part)."""
+        """Wait for the other end's parts and install grad = dec(sender part) + dec(receiver part)."""
         mine, theirs, rows, handles = self._pending
         wait_all(handles)
-        codec = Int8Codec()
+        n = 2 if self.dtype == "int8" else 1  # wire tensors per parameter
         for i, (_, p, sparse) in enumerate(self.params):
-            a = codec.decode(Int8Payload(mine[2 * i], mine[2 * i + 1]))
-            b = codec.decode(Int8Payload(theirs[2 * i], theirs[2 * i + 1]))
+            a = decode_part(mine[n * i:n * i + n], self.dtype)
+            b = decode_part(theirs[n * i:n * i + n], self.dtype)
             s, r = (a, b) if self.role == "sender" else (b, a)
             total = s + r  # identical bits on both ends
             if sparse:
@@ -80,13 +99,11 @@ class SharedParamSync:
             p.grad = g
         self._pending = None
 
-    @staticmethod
-    def _part(p: nn.Parameter, rows: Tensor | None) -> tuple[Tensor, Tensor]:
-        """(int8 values, float32 scale per row) of this end's gradient part."""
+    def _part(self, p: nn.Parameter, rows: Tensor | None) -> list[Tensor]:
+        """This end's gradient part of ``p`` in its wire form (``encode_part``)."""
         g = p.grad if p.grad is not None else torch.zeros_like(p)
         g = g[rows] if rows is not None else g  # (u, m) rows of an anchor table, or the whole (d, r)
-        q = Int8Codec().encode(g.detach().float())
-        return q.values.contiguous(), q.scale.contiguous()
+        return encode_part(g.detach(), self.dtype)
 
     # -- checksum and resync ----------------------------------------------------------------------
     def check_post(self) -> None:

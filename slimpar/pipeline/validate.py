@@ -39,6 +39,7 @@ def validate_pipeline(cfg: Config) -> None:
 
 
 def _check_choices(cfg: Config) -> None:
+    from slimpar.pipeline.sync import SYNC_DTYPES
     from slimpar.train.validate import _choice
 
     pc = cfg.pipeline
@@ -48,6 +49,7 @@ def _check_choices(cfg: Config) -> None:
     _choice("pipeline.anchor_form", pc.anchor_form, ("symmetric", "receiver"))
     _choice("pipeline.ids", pc.ids, ("send", "local"))
     _choice("pipeline.polar", pc.polar, ("polar_express", "eigh"))
+    _choice("pipeline.sync_dtype", pc.sync_dtype, SYNC_DTYPES)
 
 
 def _check_layout(cfg: Config, n_layers: int) -> None:
@@ -59,6 +61,9 @@ def _check_layout(cfg: Config, n_layers: int) -> None:
     if pc.stages > n_layers:
         raise ConfigError(f"pipeline.stages = {pc.stages} is more than the model's {n_layers} blocks "
                           "(at most one stage per block); lower --pipeline.stages")
+    if cfg.train.dtype != "fp32":
+        raise ConfigError(f"train.dtype = {cfg.train.dtype!r}: pipelines train in fp32 (the schedule runs outside the "
+                          "trainer's autocast); for bf16 boundary messages use --pipeline.codec bf16")
     if pc.virtual and workers != 1:
         raise ConfigError("pipeline.virtual = true runs every stage in one process; set --parallel.workers 1")
     if not pc.virtual and (workers < pc.stages or workers % pc.stages):

@@ -29,7 +29,7 @@ from slimpar.pipeline.wire import ByteCounter, LocalLink, recv_message, send_mes
 class VirtualPipeline:
     """``stages`` (all P of them) connected by local links; ``loss_fn(logits, y)`` per microbatch."""
 
-    def __init__(self, stages: list[StageModule], counter: ByteCounter, loss_fn):
+    def __init__(self, stages: list[StageModule], counter: ByteCounter, loss_fn, sync_dtype: str = "int8"):
         self.stages, self.counter, self.loss_fn = stages, counter, loss_fn
         device = next(stages[0].parameters()).device
         self.links = [LocalLink.pair(p, counter, device) for p in range(len(stages) - 1)]  # (sender, receiver)
@@ -37,8 +37,8 @@ class VirtualPipeline:
         for p in range(len(stages) - 1):
             enc, dec = stages[p].encoder, stages[p + 1].decoder
             if enc.shared_parameters():
-                self.syncs.append((SharedParamSync(enc.shared_parameters(), "sender", self.links[p][0]),
-                                   SharedParamSync(dec.shared_parameters(), "receiver", self.links[p][1])))
+                self.syncs.append((SharedParamSync(enc.shared_parameters(), "sender", self.links[p][0], sync_dtype),
+                                   SharedParamSync(dec.shared_parameters(), "receiver", self.links[p][1], sync_dtype)))
 
     def set_batch(self, x: Tensor, microbatches: int) -> None:
         """Stage 0 always knows the ids; the others read them locally unless they arrive on the wire."""

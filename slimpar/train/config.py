@@ -123,6 +123,7 @@ class PipelineConfig:
     spel_momentum: float = 0.9  # SPEL momentum beta
     polar: str = "polar_express"  # polar_express | eigh
     checksum_every: int = 50  # compare both boundary copies of A every N steps, resync on mismatch
+    sync_dtype: str = "int8"  # int8 | bf16 | fp32: how each end's part of A's gradient is exchanged
     virtual: bool = False  # run all stages in one process (no process group)
     rvq: RVQConfig = field(default_factory=RVQConfig)  # residual vector quantization of the codes
 

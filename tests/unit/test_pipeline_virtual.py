@@ -119,10 +119,12 @@ def _expected_bytes(cfg, x: torch.Tensor, stages: int) -> dict:
         out[(b, "fwd", "payload")] = out[(b, "bwd", "payload")] = n * per_token
         if pc.anchors != "none" or pc.codec == "ssn":
             out[(b, "fwd", "ids")] = 2 * n
-        sync = D * r + D * 4 if pc.codec == "mapl" else 0  # A's gradient part: int8 + a float32 scale per row
+        size = {"int8": 1, "bf16": 2, "fp32": 4}[pc.sync_dtype]
+        scale = 4 if pc.sync_dtype == "int8" else 0  # int8 parts carry a float32 scale per row
+        sync = D * r * size + D * scale if pc.codec == "mapl" else 0  # A's gradient part (d, r)
         if pc.anchors == "factorized":
-            u = len(torch.unique(x))  # int8 rows of the step's distinct ids, each with its scale
-            sync += u * pc.anchor_dim + u * 4
+            u = len(torch.unique(x))  # rows of the step's distinct ids
+            sync += u * pc.anchor_dim * size + u * scale
         if sync:
             out[(b, "fwd", "sync")] = out[(b, "bwd", "sync")] = sync
     return out
@@ -133,6 +135,9 @@ BYTE_CASES = {
     "mapl": ["--pipeline.codec", "mapl"], "naive": ["--pipeline.codec", "naive", "--pipeline.rank", "8"],
     "ssn": ["--pipeline.codec", "ssn", "--pipeline.compression", "8"],
     "mapl_anchors": ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized", "--pipeline.anchor_dim", "8"],
+    "mapl_anchors_sync_fp32": ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized",
+                               "--pipeline.anchor_dim", "8", "--pipeline.sync_dtype", "fp32"],
+    "mapl_sync_bf16": ["--pipeline.codec", "mapl", "--pipeline.sync_dtype", "bf16"],
 }
 
 
@@ -149,7 +154,7 @@ def test_bytes_per_step_equal_hand_counts(data, name: str) -> None:
     bwd = sum(v for (_, d, _), v in expected.items() if d == "bwd")
     none = 2 * B * T * D * 4  # two boundaries, float32 d per token
     assert summary["comm_bytes_per_step_none"] == none
-    if name != "mapl_anchors":  # steady traffic: every step the same
+    if "anchors" not in name:  # steady traffic: every step the same (anchor rows follow the ids)
         assert summary["comm_bytes_per_step_fwd"] == fwd and summary["comm_bytes_per_step_bwd"] == bwd
     assert summary["compression_ratio"] == pytest.approx(2 * none / (summary["comm_bytes_per_step_fwd"]
                                                                       + summary["comm_bytes_per_step_bwd"]))
