@@ -44,6 +44,8 @@ def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=dict(os.environ, PYTHONWARNINGS="ignore"))
         if proc.returncode != 0:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "failed.log").write_text(proc.stdout[-20000:] + "\n" + proc.stderr[-20000:])
             raise RuntimeError(f"benchmark row {row.key} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
         (out / "wall_seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
     summary = json.loads(summary_path.read_text())

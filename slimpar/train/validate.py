@@ -38,6 +38,12 @@ def validate(cfg: Config) -> None:
     _choice("train.dtype", t.dtype, ("fp32", "bf16"))
     if p.workers < 1:
         raise ConfigError(f"parallel.workers must be >= 1, got {p.workers}")
+    if p.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < (1 if p.mode == "single" or cfg.pipeline.virtual else p.workers):
+            raise ConfigError(f"parallel.device = 'cuda' with {p.workers} worker(s) needs as many GPUs; "
+                              f"this machine has {torch.cuda.device_count()} (use --parallel.device cpu)")
     if p.mode == "single" and p.workers != 1:
         raise ConfigError("parallel.mode = 'single' runs one worker; set --parallel.mode ddp|fsdp|sdp for more")
     for where, v in [("train.steps", t.steps), ("train.batch_size", t.batch_size), ("train.lr", t.lr),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+import torch
 from torch.distributed.pipelining import PipelineStage
 
 from slimpar.pipeline.stage import CodecPipelineStage
@@ -45,10 +46,20 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_pipeline_configs_are_rejected(case: str) -> None:
+def test_bad_pipeline_configs_are_rejected(case: str, monkeypatch) -> None:
     overrides, message = BAD[case]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)  # cuda configs get past the GPU count
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
         load_config(TINY, GOOD + overrides)
+
+
+def test_cuda_without_enough_gpus_is_rejected(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="needs as many GPUs; this machine has 1"):
+        load_config(TINY, GOOD + ["--parallel.device", "cuda"])
+    virtual = ["--parallel.workers", "1", "--pipeline.virtual", "true", "--parallel.device", "cuda"]
+    cfg = load_config(TINY, GOOD + virtual)
+    assert cfg.parallel.device == "cuda"  # a virtual pipeline needs one GPU
 
 
 def test_good_configs_pass() -> None:
