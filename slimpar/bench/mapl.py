@@ -1,7 +1,8 @@
 """``slimpar bench mapl``: compressed pipeline codecs side by side, token-matched, 4 stages.
 
 Rows follow METHODS.md Part 2's claim table: the uncompressed pipeline, bf16/int8 casts, the naive
-learned projector, SSN at 4x and 8x, MAPL at 4x and 8x, MAPL with factorized anchors, and MAPL with
+learned projector, SSN at 4x and 8x, MAPL at 4x and 8x, MAPL with factorized and with full anchors,
+MAPL with A's gradient parts exchanged exactly (fp32 instead of the default int8), and MAPL with
 residual VQ on projectors of rank d/16 and d/32 (the backward message stays r floats, so those rows'
 backward ratio is 16x/32x while the forward payload is a few bytes of packed indices per token).
 Every row trains the same model on the same tokens for the same number of steps.
@@ -33,6 +34,8 @@ ROWS = {
     "MAPL 4x": _codec("mapl", 4),
     "MAPL 8x": _codec("mapl", 8),
     "MAPL 4x + anchors": _codec("mapl", 4, "--pipeline.anchors", "factorized"),
+    "MAPL 4x + full anchors": _codec("mapl", 4, "--pipeline.anchors", "full"),
+    "MAPL 4x, fp32 sync": _codec("mapl", 4, "--pipeline.sync_dtype", "fp32"),
     "MAPL 16x + RVQ": _codec("mapl", 16, *RVQ),
     "MAPL 32x + RVQ": _codec("mapl", 32, *RVQ),
 }

@@ -1,0 +1,38 @@
+"""``slimpar bench mapl --quick`` end to end: the report's structure and sane ratios (not timings)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+
+def test_quick_mapl_benchmark(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "slimpar", "bench", "mapl", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads((out / "results.json").read_text())
+    assert {"date", "git_commit", "versions", "machine"} <= set(data["meta"])
+    lines = {ln["row"]: ln for ln in data["lines"]}
+    assert set(lines) == {"none", "bf16", "naive 4x", "SSN 4x", "MAPL 4x", "MAPL 16x + RVQ"}
+    for ln in lines.values():
+        assert math.isfinite(ln["val_loss"]) and ln["step_time_s"] > 0
+    # casts and the naive projector send exactly their share of the float32 boundary tensor
+    assert lines["none"]["fwd_bytes_vs_none"] == lines["none"]["bwd_bytes_vs_none"] == 1
+    assert lines["bf16"]["fwd_bytes_vs_none"] == lines["bf16"]["bwd_bytes_vs_none"] == 0.5
+    assert lines["naive 4x"]["fwd_bytes_vs_none"] == lines["naive 4x"]["bwd_bytes_vs_none"] == 0.25
+    mapl = lines["MAPL 4x"]  # payload plus the counted A-gradient exchange
+    assert 0.25 < mapl["fwd_bytes_vs_none"] <= 0.26 and 0.25 < mapl["bwd_bytes_vs_none"] <= 0.26
+    rvq = lines["MAPL 16x + RVQ"]  # packed indices forward, r floats backward
+    assert rvq["fwd_bytes_vs_none"] < 0.05 and rvq["bwd_bytes_vs_none"] == pytest.approx(1 / 16, abs=0.01)
+    assert 0 < mapl["max_orth_error"] <= 1e-5 and 0 < mapl["spel_time_share"] < 1
+    assert lines["none"]["max_orth_error"] == 0
+    report = (out / "report.md").read_text()
+    assert "| MAPL 4x |" in report and "Low-bandwidth links" in report
+    throttled = data["throttled"]
+    assert {t["row"] for t in throttled} == {"none", "MAPL 4x"} and all(t["step_time_s"] > 0 for t in throttled)
+    assert (out / "pareto_mapl.png").read_bytes()[:4] == b"\x89PNG"
