@@ -94,3 +94,16 @@ def test_compressed_pipeline_keeps_both_copies_identical_and_counts_every_byte(r
             assert keys[f"b{stage - 1}_bwd_payload"] == B * T * 16 * 4
             assert keys[f"b{stage - 1}_bwd_sync"] == sync
     assert math.isfinite(s["val_loss"]) and s["compression_ratio"] > 4
+
+
+def test_compressed_pipeline_resumes_exactly(runs, tmp_path) -> None:
+    """2 steps, a DCP checkpoint, then the 3rd step on resume == the 3 straight steps above: MAPL
+    projectors (SPEL momentum), anchors, RVQ codebooks (EMA statistics, the receiver's streamed copy
+    and version; step 2 sends a full table) and the checksum all carry across. Each stage's codec
+    halves have their own names, so DCP keeps both copies of a shared parameter and their states."""
+    split = tmp_path / "split"
+    run_train(split, *COMMON, *RUNS["mapl_rvq"], "--train.stop_after", "2", timeout=300)
+    assert len(losses(split)) == 2
+    run_train(split, *COMMON, *RUNS["mapl_rvq"], resume=True, timeout=300)
+    assert losses(split) == losses(runs["mapl_rvq"])
+    assert summary(split)["val_loss"] == summary(runs["mapl_rvq"])["val_loss"]

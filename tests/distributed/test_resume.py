@@ -1,4 +1,4 @@
-"""Checkpoint/resume: 10 steps, stop, resume for 10 more == 20 straight steps; export and eval."""
+"""Checkpoint/resume: 10 + 10 steps == 20 straight steps (also SDP subnetworks); export and eval."""
 
 import json
 import subprocess
@@ -39,11 +39,11 @@ def test_export_loads_and_evaluates(tmp_path):
 def test_sdp_resume_continues_exactly(tmp_path):
     """Workers hold different subnetworks, so their optimizers have different parameters: each
     rank's state must come back to that rank (optimizer state keyed by parameter name)."""
-    args = ["--train.steps", "6", "--eval.batches", "1", "--data.ood", "none", "--checkpoint.export", "false",
-            "--parallel.mode", "sdp", "--parallel.workers", "4", "--sdp.level", "neuron", "--sdp.keep", "0.5"]
+    args = ["--train.steps", "4", "--eval.batches", "1", "--data.ood", "none", "--checkpoint.export", "false",
+            "--parallel.mode", "sdp", "--parallel.workers", "2", "--sdp.level", "neuron", "--sdp.keep", "0.5"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     run_train(straight, *args)
-    run_train(split, *args, "--train.stop_after", "3")
+    run_train(split, *args, "--train.stop_after", "2")
     run_train(split, *args, resume=True)
     assert losses(split) == losses(straight)
     assert summary(split)["val_loss"] == summary(straight)["val_loss"]
