@@ -51,8 +51,10 @@ def llama_rows(config: str, steps: int, seeds: tuple[int, ...], group: str = "ll
 
 def resnet_rows(steps: int) -> list[Row]:
     base = ["--parallel.workers", "4", "--train.steps", str(steps)]
+    recal = ["--sdp.bn_recalibrate", "20"]  # the full model's BatchNorm statistics re-estimated before eval
     rows = {"DDP": ["--parallel.mode", "ddp"], "B-SDP 0.5": _sdp("block", 0.5), "N-SDP 0.5": _sdp("neuron", 0.5),
-            "Bb-SDP 0.5": _sdp("block", 0.5, "backward")}
+            "Bb-SDP 0.5": _sdp("block", 0.5, "backward"), "B-SDP 0.5 + BN recal": _sdp("block", 0.5, extra=recal),
+            "N-SDP 0.5 + BN recal": _sdp("neuron", 0.5, extra=recal)}
     return [Row(n, RESNET, base + o, "resnet") for n, o in rows.items()]
 
 

@@ -102,3 +102,31 @@ def _local_positions(idx: torch.Tensor, index: tuple[int, int]) -> tuple[int, in
     hits = (idx == index[0]).nonzero()
     start = int(hits[0])
     return start, start + index[1] - index[0]
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: nn.Module, batches: list[torch.Tensor]) -> int:
+    """Re-estimate every BatchNorm's running statistics of ``model`` on ``batches``; returns how many.
+
+    A gathered full model never ran as a whole during SDP training: each BatchNorm's statistics were
+    estimated by holders on their subnetworks, whose pre-norm activations sum over fewer channels
+    (neuron level) or follow fewer blocks (block level). As for slimmable networks, the statistics are
+    recomputed on the full model: reset, then a cumulative average (momentum None) over the batches
+    in train mode, no gradients. Every worker passes the same batches, so no communication is needed.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms or not batches:
+        return 0
+    momenta = [m.momentum for m in norms]
+    was_training = model.training
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative moving average: every batch weighs the same
+    model.train()
+    for x in batches:
+        model(x)
+    for m, momentum in zip(norms, momenta, strict=True):
+        m.momentum = momentum
+    model.train(was_training)
+    return len(norms)
+

@@ -111,6 +111,7 @@ class SDPStrategy(Strategy):
                                               fsdp_does_averaging=cfg.sdp.holder_shard)
         self.module = self.wrapper
         self._full: nn.Module | None = None
+        self._data = None  # the run's data, for BatchNorm recalibration at evaluation
 
     @property
     def checkpoint_module(self) -> nn.Module:
@@ -147,7 +148,21 @@ class SDPStrategy(Strategy):
     def eval_module(self) -> nn.Module:
         if self._full is None:
             self._full = self.wrapper.gather_full_model(self.ctx.device, self.cfg.sdp.eval_rescale)
+            self._recalibrate(self._full)
         return self._full
+
+    def _recalibrate(self, full: nn.Module) -> None:
+        """``sdp.bn_recalibrate`` > 0: BatchNorm statistics of the full model from the first N global
+        training batches, identical on every worker (slimpar.sdp.gather.recalibrate_batchnorm)."""
+        n, data = self.cfg.sdp.bn_recalibrate, self._data
+        if not n or data is None:
+            return
+        from slimpar.sdp.gather import recalibrate_batchnorm
+
+        t = self.cfg.train
+        extra = (self.cfg.data.seq_len,) if self.cfg.data.kind == "text" else ()
+        batches = [data.train_batch(step, 0, 1, t.batch_size, *extra)[0].to(self.ctx.device) for step in range(n)]
+        recalibrate_batchnorm(full, batches)
 
     def evaluate(self, data, cfg: Config) -> dict:
         """Validate the gathered full model; for block plans also with the other residual rescaling
@@ -155,6 +170,7 @@ class SDPStrategy(Strategy):
         from slimpar.train.evaluate import evaluate
 
         ctx = self.ctx
+        self._data = data
         results = evaluate(self, data, cfg, ctx.rank, ctx.world, ctx.group)
         blocks = [(c, comp) for c, comp in enumerate(self.plan.components) if comp.index is None]
         if not blocks or min(self.plan.holders_per_component) == self.plan.world_size:
@@ -164,6 +180,7 @@ class SDPStrategy(Strategy):
         for c, comp in blocks:
             k = len(self.plan.holders(c)) / self.plan.world_size
             full.get_submodule(comp.name).residual_scale = k if other == "survival" else 1.0
+        self._recalibrate(full)  # the statistics follow the scaling
         alt = evaluate(self, data, cfg, ctx.rank, ctx.world, ctx.group)
         self._full = None  # the next evaluation gathers afresh with the configured scaling
         results.update({f"{k}_rescale_{other}": v for k, v in alt.items() if k.endswith(("_loss", "_accuracy"))})

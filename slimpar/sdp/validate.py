@@ -20,6 +20,8 @@ def validate_sdp(cfg: Config) -> None:
     _choice("sdp.regime", s.regime, ("forward", "backward"))
     _choice("sdp.assignment", s.assignment, ("cyclic", "random", "explicit"))
     _choice("sdp.eval_rescale", s.eval_rescale, ("none", "survival"))
+    if s.bn_recalibrate < 0:
+        raise ConfigError(f"sdp.bn_recalibrate must be >= 0 batches, got {s.bn_recalibrate}")
     if s.fsdp < 1 or workers % s.fsdp:
         raise ConfigError(f"sdp.fsdp = {s.fsdp} must divide parallel.workers = {workers}")
     if s.fsdp > 1 and s.level != "block":

@@ -94,6 +94,7 @@ class SDPConfig:
     check_every: int = 0  # verify holders' replicas are bit-identical every K steps; 0 = never
     flop_matched: bool = False  # scale the number of steps by 1/keep
     eval_rescale: str = "none"  # none | survival (scale block residuals by keep at evaluation)
+    bn_recalibrate: int = 0  # re-estimate the full model's BatchNorm statistics on N training batches before eval
     fsdp: int = 1  # shard each worker's subnetwork over this many ranks with FSDP2 (2-D layout)
     holder_shard: bool = False  # FSDP2-shard every block over its own holder group (its averaging is FSDP's)
 
