@@ -30,7 +30,7 @@ ROWS = {  # in the order they run: the claims' main rows first, then the wider s
     "naive 4x": _codec("naive", 4),
     "SSN 4x": _codec("ssn", 4),
     "MAPL 4x": _codec("mapl", 4),
-    "MAPL 4x, fp32 sync": _codec("mapl", 4, "--pipeline.sync_dtype", "fp32"),
+    "MAPL 4x (fp32 sync)": _codec("mapl", 4, "--pipeline.sync_dtype", "fp32"),
     "MAPL 16x + RVQ": _codec("mapl", 16, *RVQ),
     "int8": _codec("int8"),
     "SSN 8x": _codec("ssn", 8),
