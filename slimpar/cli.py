@@ -11,14 +11,14 @@ import sys
 import time
 from pathlib import Path
 
-from slimpar.train.config import Config, ConfigError, load_config
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.toml"
+from slimpar.config import DEFAULT_CONFIG, Config, ConfigError
 
 
 def _train(args: argparse.Namespace, rest: list[str]) -> int:
     config = args.config or str(DEFAULT_CONFIG)
-    cfg = load_config(config, rest + (["--checkpoint.resume", "true"] if args.resume else []))
+    from slimpar.train.validate import load_run_config
+
+    cfg = load_run_config(config, rest + (["--checkpoint.resume", "true"] if args.resume else []))
     cfg = _join_torchrun(cfg)
     out = Path(args.out or f"runs/{Path(config).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     from slimpar.train.launch import launch
@@ -51,7 +51,7 @@ def _eval(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _plan(args: argparse.Namespace, rest: list[str]) -> int:
-    from slimpar.sdp.cli import plan_command
+    from slimpar.train.plan_command import plan_command
 
     return plan_command(args, rest)
 

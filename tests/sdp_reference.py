@@ -29,9 +29,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from slimpar.sdp.strategy import plan_from_config
+from slimpar.config import Config
 from slimpar.train.build import build_data, build_model, loss_fn, lr_at, total_steps
-from slimpar.train.config import Config, load_config
+from slimpar.train.strategies.sdp import plan_from_config
+from slimpar.train.validate import load_run_config
 
 Region = tuple[int | None, int, int, tuple[int, ...]]  # (dim or None for whole, start, stop, holders)
 
@@ -51,7 +52,7 @@ class Reference:
 
 def config_for(config: Path, overrides: list[str]) -> Config:
     """The run configuration ``slimpar train --config CONFIG *overrides`` resolves to."""
-    return load_config(config, list(overrides))
+    return load_run_config(config, list(overrides))
 
 
 def param_regions(plan, model: nn.Module) -> dict[str, list[Region]]:

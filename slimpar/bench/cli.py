@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
-    from slimpar.train.config import ConfigError
+    from slimpar.config import ConfigError
 
     if rest:
         raise ConfigError(f"slimpar bench takes no overrides, got {' '.join(rest)}")

@@ -8,10 +8,8 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from slimpar.train.config import Config, DataConfig
+from slimpar.config import Config, ConfigError, DataConfig
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -25,8 +23,6 @@ CIFAR_FILES = {
 
 
 def _fail(message: str) -> None:
-    from slimpar.train.config import ConfigError
-
     raise ConfigError(message)
 
 

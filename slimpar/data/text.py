@@ -37,7 +37,7 @@ from slimpar.data.errors import DataUnavailable
 from slimpar.data.tokenizer import TextTokenizer, gpt2_tokenizer, train_bpe
 
 if TYPE_CHECKING:
-    from slimpar.train.config import DataConfig
+    from slimpar.config import DataConfig
 
 HELDOUT_SEED = 0  # the held-out works do not follow train.seed, so val numbers compare across seeds
 STREAM_FORMAT = 1  # bump when stream layout changes, so old caches are not reused
@@ -198,7 +198,7 @@ def _user_path(cfg: DataConfig) -> tuple[TextTokenizer | None, np.ndarray, dict[
 
 
 def build_text_data(cfg: DataConfig, seed: int) -> TextData:
-    """Everything a text run reads, from ``cfg`` (slimpar.train.config.DataConfig) and the run seed."""
+    """Everything a text run reads, from ``cfg`` (slimpar.config.DataConfig) and the run seed."""
     names: list[str] = []
     if cfg.corpus == "shakespeare":
         tok, train, vals, names = _shakespeare(cfg)

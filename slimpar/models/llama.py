@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-if TYPE_CHECKING:
-    from slimpar.train.config import Config
 
 
 @dataclass
@@ -56,17 +53,6 @@ class LlamaConfig:
     def small(cls, **overrides) -> LlamaConfig:
         return cls.named("small", **overrides)
 
-    @classmethod
-    def from_run(cls, cfg: Config, vocab_size: int | None = None) -> LlamaConfig:
-        """The model a run config asks for; the vocabulary comes from the tokenizer unless set."""
-        m = cfg.model
-        over: dict = {"tie_embeddings": m.tie_embeddings}
-        if m.max_seq_len:
-            over["max_seq_len"] = m.max_seq_len
-        if m.n_kv_heads:
-            over["n_kv_heads"] = m.n_kv_heads
-        over["vocab_size"] = m.vocab_size or vocab_size or cfg.data.vocab_size
-        return cls.named(m.size, **over)
 
     @property
     def head_dim(self) -> int:

@@ -60,7 +60,7 @@ def _merge_counts(items) -> dict[str, int]:
 
 def summary_rows(summary: dict) -> list[tuple[str, str]]:
     """Rows for the closing table of ``slimpar train``."""
-    from slimpar.train.metrics import fmt_bytes
+    from slimpar.utils import fmt_bytes
 
     rows = [("pipeline bytes / step fwd (all boundaries)", fmt_bytes(summary.get("comm_bytes_per_step_fwd"))),
             ("pipeline bytes / step bwd (all boundaries)", fmt_bytes(summary.get("comm_bytes_per_step_bwd"))),

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from slimpar.train.config import Config
+    from slimpar.config import Config
 
 
 def build_data(cfg: Config):
@@ -25,15 +25,29 @@ def build_data(cfg: Config):
                      seed=cfg.train.seed)
 
 
+def llama_config(cfg: Config, vocab_size: int | None = None):
+    """The LlamaConfig a run config asks for; the vocabulary comes from the tokenizer unless set."""
+    from slimpar.models.llama import LlamaConfig
+
+    m = cfg.model
+    over: dict = {"tie_embeddings": m.tie_embeddings}
+    if m.max_seq_len:
+        over["max_seq_len"] = m.max_seq_len
+    if m.n_kv_heads:
+        over["n_kv_heads"] = m.n_kv_heads
+    over["vocab_size"] = m.vocab_size or vocab_size or cfg.data.vocab_size
+    return LlamaConfig.named(m.size, **over)
+
+
 def build_model(cfg: Config, data=None) -> nn.Module:
     """The full single-device model, initialised from ``train.seed`` (identical on every rank)."""
     torch.manual_seed(cfg.train.seed)
     m = cfg.model
     if m.arch == "llama":
-        from slimpar.models.llama import Llama, LlamaConfig
+        from slimpar.models.llama import Llama
 
         vocab = data.vocab_size if data is not None else None
-        return Llama(LlamaConfig.from_run(cfg, vocab_size=vocab))
+        return Llama(llama_config(cfg, vocab_size=vocab))
     num_classes = data.num_classes if data is not None else m.num_classes
     channels = data.channels if data is not None else m.in_channels
     if m.arch in ("resnet18", "wrn18"):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from slimpar.train.config import ConfigError, load_config
+from slimpar.config import ConfigError
+from slimpar.train.validate import load_run_config
 
 
 def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict:
@@ -15,11 +16,11 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict:
         if not p.is_file():
             raise ConfigError(f"{p} not found: --run must be a finished `slimpar train` folder with an export "
                               "(checkpoint.export = true)")
-    cfg = load_config(cfg_path, ["--parallel.mode", "single", "--parallel.workers", "1"] + (overrides or []))
-    from slimpar.parallel.strategy import Strategy
+    cfg = load_run_config(cfg_path, ["--parallel.mode", "single", "--parallel.workers", "1"] + (overrides or []))
     from slimpar.train.build import build_data, build_model
     from slimpar.train.checkpoint import load_safetensors
     from slimpar.train.evaluate import evaluate
+    from slimpar.train.strategies.base import Strategy
 
     data = build_data(cfg)
     model = build_model(cfg, data)

@@ -7,7 +7,7 @@ import os
 import uuid
 from pathlib import Path
 
-from slimpar.train.config import Config, to_dict, to_toml
+from slimpar.config import Config, to_dict, to_toml
 from slimpar.train.worker import worker_main
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from slimpar.utils import fmt_bytes
+
 MEM_KINDS = ("params", "grads", "optimizer", "activations", "buffers", "peak_live", "peak_rss_delta")
 
 
@@ -63,16 +65,6 @@ def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "wire_bytes_per_step": (sum(wire) / len(wire)) if wire else None,
         "per_rank": per_rank,
     }
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 def print_summary(summary: dict[str, Any], extra_rows: list[tuple[str, str]] | None = None) -> None:

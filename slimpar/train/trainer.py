@@ -14,12 +14,13 @@ import time
 import torch
 import torch.distributed as dist
 
+from slimpar.config import Config, to_dict
 from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.parallel.comm import StepInstrument, wire_bytes_written
 from slimpar.train import memory
 from slimpar.train.build import build_data, build_model, build_optimizer, loss_fn, lr_at, total_steps
 from slimpar.train.checkpoint import export_safetensors, latest_checkpoint, load_checkpoint, save_checkpoint
-from slimpar.train.config import Config, to_dict
+from slimpar.train.context import RunContext
 from slimpar.train.evaluate import evaluate
 from slimpar.train.metrics import (
     MetricsWriter,
@@ -29,20 +30,19 @@ from slimpar.train.metrics import (
     print_summary,
     versions,
 )
-from slimpar.train.worker import RunContext
 
 
 def build_strategy(cfg: Config, model, ctx: RunContext):
     """Apply parallelism from outside, in a fixed order: subnetwork → activation checkpointing → wrapper."""
-    from slimpar.parallel.strategy import DDPStrategy, FSDPStrategy, Strategy
+    from slimpar.train.strategies.base import DDPStrategy, FSDPStrategy, Strategy
 
     mode = cfg.parallel.mode
     if mode == "sdp":
-        from slimpar.sdp.strategy import build_sdp_strategy
+        from slimpar.train.strategies.sdp import build_sdp_strategy
 
         return build_sdp_strategy(cfg, model, ctx)
     if mode == "pipeline":
-        from slimpar.pipeline.strategy import build_pipeline_strategy
+        from slimpar.train.strategies.pipeline import build_pipeline_strategy
 
         return build_pipeline_strategy(cfg, model, ctx)
     if cfg.train.activation_checkpointing:

@@ -2,33 +2,29 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
-if TYPE_CHECKING:
-    from slimpar.train.config import Config
+from slimpar.config import Config, ConfigError, load_config
+from slimpar.config import check_choice as _choice
 
 ARCHS = ("llama", "resnet18", "wrn18", "swin")
 MODES = ("single", "ddp", "fsdp", "sdp", "pipeline")
 
 
-def _choice(where: str, value: str, allowed: tuple[str, ...]) -> None:
-    from slimpar.train.config import ConfigError
-
-    if value not in allowed:
-        raise ConfigError(f"{where} = {value!r} is not one of: {', '.join(allowed)}")
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a run config (defaults < TOML < overrides) and check every rule: what the CLI calls."""
+    cfg = load_config(path, overrides)
+    validate(cfg)
+    return cfg
 
 
 def _positive(where: str, value: float, zero_ok: bool = False) -> None:
-    from slimpar.train.config import ConfigError
-
     if value < 0 or (value == 0 and not zero_ok):
         raise ConfigError(f"{where} must be {'>= 0' if zero_ok else '> 0'}, got {value}")
 
 
 def validate(cfg: Config) -> None:
     """Raise ConfigError with a message that names the fix for the first problem found."""
-    from slimpar.train.config import ConfigError
-
     m, d, t, p = cfg.model, cfg.data, cfg.train, cfg.parallel
     _choice("model.arch", m.arch, ARCHS)
     _choice("parallel.mode", p.mode, MODES)
@@ -65,24 +61,23 @@ def validate(cfg: Config) -> None:
     _validate_data(cfg)
     _validate_batch(cfg)
     if p.mode == "sdp":
-        from slimpar.sdp.validate import validate_sdp
+        from slimpar.train.validate_sdp import validate_sdp
 
         validate_sdp(cfg)
     if p.mode == "pipeline":
-        from slimpar.pipeline.validate import validate_pipeline
+        from slimpar.train.validate_pipeline import validate_pipeline
 
         validate_pipeline(cfg)
 
 
 def _validate_model(cfg: Config) -> None:
-    from slimpar.train.config import ConfigError
-
     m = cfg.model
     if m.arch == "llama":
         from slimpar.models.llama import LlamaConfig
+        from slimpar.train.build import llama_config
 
         _choice("model.size", m.size, tuple(LlamaConfig.SIZES))
-        lc = LlamaConfig.from_run(cfg)
+        lc = llama_config(cfg)
         if cfg.data.seq_len > lc.max_seq_len:
             raise ConfigError(
                 f"data.seq_len = {cfg.data.seq_len} is longer than the model's context "
@@ -92,8 +87,6 @@ def _validate_model(cfg: Config) -> None:
 
 
 def _validate_data(cfg: Config) -> None:
-    from slimpar.train.config import ConfigError
-
     d = cfg.data
     if d.kind == "text":
         _choice("data.corpus", d.corpus, ("shakespeare", "path"))
@@ -114,8 +107,6 @@ def _validate_data(cfg: Config) -> None:
 
 
 def _validate_batch(cfg: Config) -> None:
-    from slimpar.train.config import ConfigError
-
     t, p = cfg.train, cfg.parallel
     dp = p.workers if p.mode in ("ddp", "fsdp", "sdp", "single") else p.workers // max(cfg.pipeline.stages, 1)
     if p.mode == "sdp" and cfg.sdp.fsdp > 1:

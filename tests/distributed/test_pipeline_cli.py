@@ -64,7 +64,7 @@ def test_bytes_counted_at_the_send_equal_c10d_and_hand_counts(runs) -> None:
 
 def test_compressed_pipeline_keeps_both_copies_identical_and_counts_every_byte(runs) -> None:
     from slimpar.train.build import build_data
-    from slimpar.train.config import load_config
+    from slimpar.train.validate import load_run_config
     from tests.helpers import TINY
 
     s = summary(runs["mapl_rvq"])
@@ -76,7 +76,7 @@ def test_compressed_pipeline_keeps_both_copies_identical_and_counts_every_byte(r
         assert torch.linalg.matrix_norm(A.double().T @ A.double() - torch.eye(16, dtype=torch.float64)) <= 1e-5
     assert 0 < s["max_orth_error"] <= 1e-5 and s["shared_param_resyncs"] == 0
     assert s["codebook_messages"]["full"] == 4  # 2 boundaries × steps 0 and 2
-    cfg = load_config(TINY, ["--model.tie_embeddings", "false"])
+    cfg = load_run_config(TINY, ["--model.tie_embeddings", "false"])
     x, _ = build_data(cfg).train_batch(2, 0, 1, B, T)  # the instrumented step (log.measure_step = 2)
     distinct = len(torch.unique(x))
     # int8 gradient parts with a float32 scale per row: A (D×16) and the anchor rows of distinct ids

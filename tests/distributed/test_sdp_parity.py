@@ -127,8 +127,8 @@ def test_bad_sdp_config_exit_code_from_the_command_line(tmp_path):
 
 
 def _model_and_plan(cfg):
-    from slimpar.sdp.strategy import plan_from_config
     from slimpar.train.build import build_data, build_model
+    from slimpar.train.strategies.sdp import plan_from_config
 
     model = build_model(cfg, build_data(cfg))
     return model, plan_from_config(cfg, model, cfg.parallel.workers)

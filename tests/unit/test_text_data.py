@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from slimpar.config import Config, ConfigError, DataConfig
 from slimpar.data.corpora import (
     heldout_names,
     publish_bytes,
@@ -23,7 +24,6 @@ from slimpar.data.errors import DataUnavailable
 from slimpar.data.sources import check_available
 from slimpar.data.text import TextData, build_text_data, load_token_file
 from slimpar.data.tokenizer import EOT, gpt2_tokenizer, train_bpe
-from slimpar.train.config import Config, ConfigError, DataConfig
 
 SAMPLE = "To be, or not to be: that is the question.\n  Héllo wörld — 日本語 🎉 <|endoftext|>\n\n\nEnd"
 

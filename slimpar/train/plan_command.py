@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from slimpar.config import DEFAULT_CONFIG
+from slimpar.sdp.plan import analytic_bytes_per_step
+from slimpar.train.strategies.sdp import plan_from_config
+from slimpar.train.validate import load_run_config
+from slimpar.train.validate_sdp import meta_model
+
 
 def plan_command(args: argparse.Namespace, rest: list[str]) -> int:
-    from slimpar.cli import DEFAULT_CONFIG
-    from slimpar.sdp.plan import analytic_bytes_per_step
-    from slimpar.sdp.strategy import plan_from_config
-    from slimpar.sdp.validate import meta_model
-    from slimpar.train.config import load_config
-
-    cfg = load_config(args.config or str(DEFAULT_CONFIG), ["--parallel.mode", "sdp", *rest])
+    cfg = load_run_config(args.config or str(DEFAULT_CONFIG), ["--parallel.mode", "sdp", *rest])
     workers = cfg.parallel.workers // cfg.sdp.fsdp
     plan = plan_from_config(cfg, meta_model(cfg), workers)
     report = plan.report()

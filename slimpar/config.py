@@ -1,8 +1,11 @@
 """Run configuration: a tree of typed dataclasses, loaded from TOML and ``--section.key value`` overrides.
 
-Every field carries a comment that is also its ``--help`` text. :func:`load_config` merges
-defaults < TOML file < command-line overrides, checks every key and type, and :func:`validate`
-rejects impossible combinations before any process or process group exists.
+This module is the bottom layer of slimpar and imports nothing else of it, so that models, data and
+the method libraries can read a section without pulling in the trainer. Every field carries a
+comment that is also its ``--help`` text. :func:`load_config` merges defaults < TOML file <
+command-line overrides and checks every key and type; the cross-field rules (which need the models,
+the data and the SDP planner) live in :mod:`slimpar.train.validate`, whose ``load_run_config`` is
+what the CLI calls.
 """
 
 from __future__ import annotations
@@ -20,8 +23,18 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # the named runs shipped inside the package
+DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
+
+
 class ConfigError(ValueError):
     """A configuration the user must fix; the CLI prints it and exits with code 2."""
+
+
+def check_choice(where: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Raise ConfigError unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ConfigError(f"{where} = {value!r} is not one of: {', '.join(allowed)}")
 
 
 @dataclass
@@ -238,7 +251,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults < TOML file < overrides, type-checked and validated."""
+    """Defaults < TOML file < overrides, type-checked (cross-field rules: slimpar.train.validate)."""
     cfg = Config()
     if path is not None:
         p = Path(path)
@@ -250,7 +263,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{p}: not valid TOML ({e})") from None
         _apply(cfg, data, "")
     _apply(cfg, parse_overrides(overrides or []), "")
-    validate(cfg)
     return cfg
 
 
@@ -289,5 +301,3 @@ def to_toml(cfg: Config) -> str:
         section(name, d)
     return "\n".join(lines)
 
-
-from slimpar.train.validate import validate  # noqa: E402  (validation rules live in their own file)

@@ -6,12 +6,11 @@ from the named size (the vocabulary is not known yet and is checked where the mo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from slimpar.config import Config, ConfigError
+from slimpar.config import check_choice as _choice
 from slimpar.pipeline.spec import CODECS, PROJECTOR_CODECS, resolve_rank
-
-if TYPE_CHECKING:
-    from slimpar.train.config import Config
+from slimpar.pipeline.sync import SYNC_DTYPES
+from slimpar.train.build import llama_config
 
 MAX_STAGES = 8
 MAX_CODEBOOK = 1 << 16
@@ -19,13 +18,10 @@ MAX_CODEBOOK = 1 << 16
 
 def validate_pipeline(cfg: Config) -> None:
     """Raise ConfigError for the first impossible pipeline setting."""
-    from slimpar.models.llama import LlamaConfig
-    from slimpar.train.config import ConfigError
-
     if cfg.model.arch != "llama":
         raise ConfigError(f"parallel.mode = 'pipeline' splits LLaMA models into stages; model.arch = "
                           f"{cfg.model.arch!r} is not supported (use --model.arch llama)")
-    lc = LlamaConfig.from_run(cfg)
+    lc = llama_config(cfg)
     _check_choices(cfg)
     _check_layout(cfg, lc.n_layers)
     _check_codec(cfg, lc.dim)
@@ -39,9 +35,6 @@ def validate_pipeline(cfg: Config) -> None:
 
 
 def _check_choices(cfg: Config) -> None:
-    from slimpar.pipeline.sync import SYNC_DTYPES
-    from slimpar.train.validate import _choice
-
     pc = cfg.pipeline
     _choice("pipeline.schedule", pc.schedule, ("gpipe", "1f1b"))
     _choice("pipeline.codec", pc.codec, CODECS)
@@ -53,8 +46,6 @@ def _check_choices(cfg: Config) -> None:
 
 
 def _check_layout(cfg: Config, n_layers: int) -> None:
-    from slimpar.train.config import ConfigError
-
     pc, workers = cfg.pipeline, cfg.parallel.workers
     if not 2 <= pc.stages <= MAX_STAGES:
         raise ConfigError(f"pipeline.stages must be between 2 and {MAX_STAGES}, got {pc.stages}")
@@ -82,8 +73,6 @@ def _check_layout(cfg: Config, n_layers: int) -> None:
 
 
 def _check_codec(cfg: Config, d: int) -> None:
-    from slimpar.train.config import ConfigError
-
     pc = cfg.pipeline
     if pc.rank < 0 or pc.compression < 1:
         raise ConfigError(f"pipeline.rank must be >= 0 and pipeline.compression >= 1, got {pc.rank}, {pc.compression}")
@@ -110,8 +99,6 @@ def _check_codec(cfg: Config, d: int) -> None:
 
 
 def _check_rvq(cfg: Config) -> None:
-    from slimpar.train.config import ConfigError
-
     pc, q = cfg.pipeline, cfg.pipeline.rvq
     if q.levels < 0:
         raise ConfigError(f"pipeline.rvq.levels must be >= 0 (0 = no RVQ), got {q.levels}")

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from slimpar.train.config import Config
+from slimpar.config import Config, ConfigError
+from slimpar.config import check_choice as _choice
+from slimpar.sdp.plan import PlanError
+from slimpar.train.build import build_model
+from slimpar.train.strategies.sdp import plan_from_config
 
 
 def validate_sdp(cfg: Config) -> None:
     """Raise ConfigError for impossible SDP settings, including plans the planner rejects."""
-    from slimpar.train.config import ConfigError
-    from slimpar.train.validate import _choice
-
     s, workers = cfg.sdp, cfg.parallel.workers
     _choice("sdp.level", s.level, ("block", "neuron"))
     _choice("sdp.regime", s.regime, ("forward", "backward"))
@@ -42,17 +40,11 @@ def validate_sdp(cfg: Config) -> None:
 
 def meta_model(cfg: Config):
     """The run's full model on the meta device: structure and sizes without memory."""
-    from slimpar.train.build import build_model
-
     with torch.device("meta"):
         return build_model(cfg, None)
 
 
 def _check_plan(cfg: Config) -> None:
-    from slimpar.sdp.plan import PlanError
-    from slimpar.sdp.strategy import plan_from_config
-    from slimpar.train.config import ConfigError
-
     try:
         plan_from_config(cfg, meta_model(cfg), cfg.parallel.workers // cfg.sdp.fsdp)
     except (PlanError, OSError) as e:

@@ -8,12 +8,12 @@ import torch
 from torch import nn
 
 from slimpar.parallel.ac import apply_ac, model_blocks
-from slimpar.parallel.strategy import Strategy
 from slimpar.sdp.components import model_components
 from slimpar.sdp.plan import Plan, load_mask_file, plan_components
+from slimpar.train.strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from slimpar.train.config import Config
+    from slimpar.config import Config
 
 
 def plan_from_config(cfg: Config, model: nn.Module, workers: int | None = None) -> Plan:
@@ -196,7 +196,7 @@ class SDPStrategy(Strategy):
     def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
         """Closing-table rows that put this run next to DDP for the same model (from the plan)."""
         from slimpar.sdp.plan import analytic_bytes_per_step
-        from slimpar.train.metrics import fmt_bytes
+        from slimpar.utils import fmt_bytes
 
         a = analytic_bytes_per_step(self.plan, 0)
         full_params = a["ddp"] if self.plan.world_size > 1 else sum(c.elements for c in self.plan.components) * 4

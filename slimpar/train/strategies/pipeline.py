@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from slimpar.codecs.anchors import rows_for
-from slimpar.pipeline.base import PipelineStrategyBase
 from slimpar.pipeline.evaluate import all_reduce_sum, evaluate_pipeline
 from slimpar.pipeline.groups import PipelineLayout, build_groups
 from slimpar.pipeline.spec import codec_specs
@@ -30,6 +29,7 @@ from slimpar.pipeline.stage import CodecPipelineStage
 from slimpar.pipeline.sync import SharedParamSync, run_phases
 from slimpar.pipeline.virtual import VirtualPipeline
 from slimpar.train.build import loss_fn
+from slimpar.train.strategies.pipeline_base import PipelineStrategyBase
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 

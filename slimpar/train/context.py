@@ -1,0 +1,50 @@
+"""What a worker knows about its place in the job: rank, world, device, run folder and process group."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from slimpar.config import Config
+
+
+@dataclass
+class RunContext:
+    rank: int
+    world: int
+    device: torch.device
+    out_dir: Path
+    group: dist.ProcessGroup | None  # the data-parallel WORLD group; None when single-process
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_context(cfg: Config, out_dir: Path) -> RunContext:
+    """Create the process group when the environment (torchrun or slimpar's launcher) defines one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cpu")
+    if cfg.parallel.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        # share the cores among local workers instead of oversubscribing them
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
+    group = None
+    if world > 1 or cfg.parallel.mode not in ("single",):
+        if not dist.is_initialized() and "MASTER_ADDR" in os.environ:
+            backend = cfg.parallel.backend
+            if backend == "auto":
+                backend = "nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        if dist.is_initialized():
+            group = dist.group.WORLD
+    return RunContext(rank=rank, world=world, device=device, out_dir=out_dir, group=group)
