@@ -35,9 +35,7 @@ def init_context(cfg: Config, out_dir: Path) -> RunContext:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
-        # share the cores among local workers instead of oversubscribing them
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
+        _share_cores(world)
     group = None
     if world > 1 or cfg.parallel.mode not in ("single",):
         if not dist.is_initialized() and "MASTER_ADDR" in os.environ:
@@ -48,3 +46,15 @@ def init_context(cfg: Config, out_dir: Path) -> RunContext:
         if dist.is_initialized():
             group = dist.group.WORLD
     return RunContext(rank=rank, world=world, device=device, out_dir=out_dir, group=group)
+
+
+def _share_cores(world: int) -> None:
+    """Give each local CPU worker its share of the cores, unless the user chose a thread count.
+
+    An explicit ``OMP_NUM_THREADS`` always wins (torch reads it at start-up); without it, local workers
+    split ``os.cpu_count()`` instead of each starting a full-size pool and oversubscribing the machine.
+    """
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))
