@@ -30,9 +30,19 @@ class MetricsWriter:
 
 
 def git_commit() -> str | None:
+    """The commit of slimpar's own source tree, or None when slimpar is not run from its git checkout.
+
+    Asking git from the package folder is not enough: a slimpar installed in a virtual environment
+    inside the user's repository would report the user's HEAD. The answer counts only if that
+    repository's ``slimpar/__init__.py`` is the very file this package was loaded from.
+    """
+    package = Path(__file__).resolve().parents[1]
     try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=package, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        if not top or (Path(top) / "slimpar" / "__init__.py").resolve() != package / "__init__.py":
+            return None
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=package, capture_output=True, text=True, timeout=5)
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
