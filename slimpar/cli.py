@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from slimpar.config import DEFAULT_CONFIG, Config, ConfigError
+from slimpar.config import DEFAULT_CONFIG, Config, ConfigError, config_help
 
 
 def _train(args: argparse.Namespace, rest: list[str]) -> int:
@@ -50,6 +50,14 @@ def _eval(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace, rest: list[str]) -> int:
+    if rest:
+        raise ConfigError(f"unexpected arguments {' '.join(rest)}; usage: slimpar export --hf RUN OUT")
+    from slimpar.train.export_hf import export_command
+
+    return export_command(*args.hf)
+
+
 def _plan(args: argparse.Namespace, rest: list[str]) -> int:
     from slimpar.train.plan_command import plan_command
 
@@ -65,20 +73,26 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="slimpar", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command")
-    t = sub.add_parser("train", help="train a model (no arguments: the embedded default run)")
-    t.add_argument("--config", help="TOML file with a named run (default: the embedded default)")
+    fields = {"epilog": config_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+    t = sub.add_parser("train", help="train a model (no arguments: the embedded default run)",
+                       description="Train a model; every config field below can be overridden.", **fields)
+    t.add_argument("--config", help="TOML file or packaged config name (default: the embedded default)")
     t.add_argument("--out", help="run folder for metrics, checkpoints and the summary")
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     t.set_defaults(func=_train)
     e = sub.add_parser("eval", help="evaluate a finished run folder")
     e.add_argument("--run", required=True, help="run folder written by slimpar train")
     e.set_defaults(func=_eval)
-    pl = sub.add_parser("plan", help="print an SDP mask plan and its report")
-    pl.add_argument("--config", help="TOML file (default: the embedded default)")
+    x = sub.add_parser("export", help="write a finished run in another format (Hugging Face LLaMA)")
+    x.add_argument("--hf", nargs=2, metavar=("RUN", "OUT"), required=True,
+                   help="RUN folder -> OUT folder loadable by transformers' from_pretrained (model and tokenizer)")
+    x.set_defaults(func=_export)
+    pl = sub.add_parser("plan", help="print an SDP mask plan and its report", **fields)
+    pl.add_argument("--config", help="TOML file or packaged config name (default: the embedded default)")
     pl.add_argument("--json", action="store_true", help="print the report as one JSON object")
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
-    b.add_argument("which", choices=["sdp", "mapl"])
+    b.add_argument("which", choices=["sdp", "mapl", "plans"])
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
     b.add_argument("--out", required=True, help="folder for results.json, report.md and plots")
     b.add_argument("--steps", type=int, default=100, help="training steps per row of the full benchmark")

@@ -49,6 +49,7 @@ class ModelConfig:
     in_channels: int = 1  # image models: 1 for Fashion-MNIST, 3 for CIFAR
     width: int = 64  # ResNet: channels of the first stage (64 = ResNet-18; WRN-18 doubles it)
     embed_dim: int = 48  # Swin: channels of the first stage
+    init_from: str = ""  # a Hugging Face LLaMA folder (config.json + model.safetensors) to start from; its shape wins
 
 
 @dataclass
@@ -83,6 +84,7 @@ class TrainConfig:
     dtype: str = "fp32"  # fp32 | bf16 (autocast, GPU only)
     seed: int = 0  # seeds init, data order and masks
     stop_after: int = 0  # end this invocation (with a checkpoint) after this step; 0 = run to train.steps
+    skip_bad_steps: int = 0  # skip up to N steps whose loss or gradient norm is NaN/inf (no update), then stop
 
 
 @dataclass
@@ -91,6 +93,7 @@ class ParallelConfig:
     workers: int = 1  # processes; slimpar starts them itself unless launched under torchrun
     backend: str = "auto"  # auto (gloo on CPU, nccl on GPU) | gloo | nccl
     device: str = "cpu"  # cpu | cuda
+    timeout_s: float = 300  # seconds a collective may wait for a peer before the run fails (hung worker)
 
 
 @dataclass
@@ -139,6 +142,12 @@ class PipelineConfig:
     checksum_every: int = 50  # compare both boundary copies of A every N steps, resync on mismatch
     sync_dtype: str = "int8"  # int8 | bf16 | fp32: how each end's part of A's gradient is exchanged
     virtual: bool = False  # run all stages in one process (no process group)
+    projector_init: str = "random"  # random (QR of a Gaussian) | pca (top-r subspace of early boundary activations)
+    pca_batches: int = 1  # training batches whose boundary activations the pca start uses
+    spel_schedule: str = "model"  # model (the model's warm-up + cosine) | constant | cosine (own, no warm-up)
+    clip_projector: str = "global"  # global (A in the model's clip norm) | separate (clipped on its own) | none
+    anchor_init: str = "embedding"  # embedding (symmetric tables start at E_tok·Pᵀ) | zero (no offset at start)
+    freeze_projector_after: int = 0  # A stops being updated (and its gradient exchange stops) after N steps; 0 = never
     rvq: RVQConfig = field(default_factory=RVQConfig)  # residual vector quantization of the codes
 
 
@@ -250,13 +259,32 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     return out
 
 
+def packaged_configs() -> list[str]:
+    """Names of the runs shipped inside the package (``--config NAME``)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A TOML file: ``path`` itself, or a packaged config named ``NAME``, ``NAME.toml`` or ``configs/NAME.toml``.
+
+    The last form keeps the README's commands working outside the repository, where ``configs/`` is absent.
+    """
+    p = Path(path)
+    if p.is_file():
+        return p
+    if str(p.parent) in (".", "configs"):
+        packaged = CONFIG_DIR / (p.name if p.suffix == ".toml" else f"{p.name}.toml")
+        if packaged.is_file():
+            return packaged
+    raise ConfigError(f"config file {str(p)!r} not found; give a TOML file or one of the packaged configs: "
+                      f"{', '.join(packaged_configs())}")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults < TOML file < overrides, type-checked (cross-field rules: slimpar.train.validate)."""
     cfg = Config()
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} not found")
+        p = resolve_config_path(path)
         try:
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
@@ -276,18 +304,20 @@ def from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
 def to_toml(cfg: Config) -> str:
     """Write the resolved config as TOML (sections only contain scalars, lists and subsections)."""
     lines: list[str] = []
-
-    def fmt(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, list):
-            return "[" + ", ".join(fmt(x) for x in v) + "]"
-        return repr(v)
+    fmt = _toml_value
 
     def section(name: str, d: dict[str, Any]) -> None:
         lines.append(f"[{name}]")
@@ -301,3 +331,43 @@ def to_toml(cfg: Config) -> str:
         section(name, d)
     return "\n".join(lines)
 
+
+
+def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """Every leaf field as ``(--section.key, type, default, comment)``, read from the dataclasses' source.
+
+    The comments after each field are the documentation, so ``--help`` can never drift from the code.
+    """
+    import inspect
+
+    comments: dict[str, str] = {}
+    for line in inspect.getsource(cls).splitlines():
+        name, sep, rest = line.strip().partition(":")
+        if sep and "#" in rest and name.isidentifier():
+            comments[name] = rest.split("#", 1)[1].strip()
+    hints, out = typing.get_type_hints(cls), []
+    default = cls()
+    for f in dataclasses.fields(cls):
+        value = getattr(default, f.name)
+        if dataclasses.is_dataclass(value):
+            out += field_docs(type(value), f"{prefix}{f.name}.")
+            continue
+        tp = hints[f.name]
+        type_name = getattr(tp, "__name__", str(tp)) if typing.get_origin(tp) is not list else "list"
+        out.append((f"--{prefix}{f.name}", type_name, _toml_value(value), comments.get(f.name, "")))
+    return out
+
+
+def config_help() -> str:
+    """The ``--help`` epilog of commands that take a config: every field, its type, default and meaning."""
+    lines = ["config fields (override any with --section.key VALUE; lists as a,b,c):"]
+    section = None
+    for key, tp, default, comment in field_docs():
+        head = key[2:].split(".")[0]
+        if head != section:
+            section = head
+            lines.append(f"\n  [{section}]")
+        lines.append(f"  {key} {tp.upper()} = {default}\n      {comment}")
+    names = ", ".join(packaged_configs())
+    lines.append(f"\npackaged configs (--config NAME): {names}")
+    return "\n".join(lines)

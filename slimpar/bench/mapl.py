@@ -6,6 +6,12 @@ MAPL with A's gradient parts exchanged exactly (fp32 instead of the default int8
 residual VQ on projectors of rank d/16 and d/32 (the backward message stays r floats, so those rows'
 backward ratio is 16x/32x while the forward payload is a few bytes of packed indices per token).
 Every row trains the same model on the same tokens for the same number of steps.
+
+The projector ablations (issue 10, item 3) change one thing each against "MAPL 4x": the PCA start of
+A, SPEL on its own constant η = 1e-3 (the step size the study measured after a PCA start) instead of
+the model's warm-up + cosine at η = 0.01, A's gradient clipped on its own, factorized anchors that
+start at zero (compare with "MAPL 4x + anchors"), and a PCA start frozen after 10% of the steps
+(does learning A help at all?). "MAPL 4x + all changes" combines the first four (A keeps learning).
 """
 
 from __future__ import annotations
@@ -39,6 +45,18 @@ ROWS = {  # in the order they run: the claims' main rows first, then the wider s
     "MAPL 32x + RVQ": _codec("mapl", 32, *RVQ),
     "MAPL 4x + full anchors": _codec("mapl", 4, "--pipeline.anchors", "full"),
 }
+PCA = ("--pipeline.projector_init", "pca")
+OWN_SPEL = ("--pipeline.spel_schedule", "constant", "--pipeline.spel_lr", "0.001")
+SEPARATE_CLIP = ("--pipeline.clip_projector", "separate")
+ZERO_ANCHORS = ("--pipeline.anchors", "factorized", "--pipeline.anchor_init", "zero")
+ROWS.update({  # projector ablations; "frozen" rows get N = steps // 10 in rows()
+    "MAPL 4x + PCA init": _codec("mapl", 4, *PCA),
+    "MAPL 4x + own SPEL schedule": _codec("mapl", 4, *OWN_SPEL),
+    "MAPL 4x + separate clip": _codec("mapl", 4, *SEPARATE_CLIP),
+    "MAPL 4x + zero anchors": _codec("mapl", 4, *ZERO_ANCHORS),
+    "MAPL 4x + PCA + frozen after N": _codec("mapl", 4, *PCA, "--pipeline.freeze_projector_after", "{freeze}"),
+    "MAPL 4x + all changes": _codec("mapl", 4, *PCA, *OWN_SPEL, *SEPARATE_CLIP, *ZERO_ANCHORS),
+})
 QUICK = ("none", "bf16", "naive 4x", "SSN 4x", "MAPL 4x", "MAPL 16x + RVQ")
 
 
@@ -54,7 +72,9 @@ def rows(quick: bool, steps: int = 100, device: str = "cpu") -> list[Row]:
         base = [*pipe, "--train.steps", "10", "--eval.batches", "2", "--data.ood", "none"]
         return [Row(n, "configs/llama_tiny.toml", base + ROWS[n], "llama-tiny") for n in QUICK]
     base = [*pipe, "--train.steps", str(steps)]
-    return [Row(n, "configs/llama_small.toml", base + o, "llama") for n, o in ROWS.items()]
+    freeze = str(max(steps // 10, 1))
+    return [Row(n, "configs/llama_small.toml", base + [a.format(freeze=freeze) for a in o], "llama")
+            for n, o in ROWS.items()]
 
 
 def line(result: dict, none: dict | None) -> dict:

@@ -17,6 +17,17 @@ the row space of P, or E = E_tok for full anchors — because at initialisation 
 dominated by E_tok[t]. The receiver-only form (ĥ = Ac + o(t), nothing subtracted) starts at zero:
 it learns what the projection loses, and an embedding start would add E_tok twice.
 
+``anchor_init = "zero"`` (``--pipeline.anchor_init zero``) starts the symmetric tables at zero too.
+Why: with a different frozen P_p at every boundary and E_small^p = E_tok P_pᵀ, the receiver of
+boundary p adds o_p(t) to the stream and the sender of boundary p + 1 subtracts o_{p+1}(t), so from
+boundary 1 on the projector must carry the leftover token offset o_p(t) − o_{p+1}(t), a high-rank
+term it cannot keep (measured: rank-32 energy at boundaries 1–2 fell from 0.94 to 0.78, +1.4 points of
+loss). Starting at zero injects no offset at any boundary; an offset appears only as far as the
+gradient of the loss asks for one. We chose this over one shared P along the pipeline because a
+shared P removes the mismatch only at step 0 — each boundary's E_small is trained on its own and
+drifts — and because the zero start is the variant that was measured (neutral in the study) and
+applies unchanged to full anchors.
+
 Gradients of a table lookup touch only the rows of the ids in the batch; ``rows_for`` gives those
 rows so the symmetric form's gradient exchange sends u·m numbers (u = distinct ids), not V·m.
 """

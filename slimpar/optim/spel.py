@@ -31,6 +31,30 @@ from slimpar.codecs.stiefel import BACKENDS, DEFAULT_POLAR_STEPS, msign, orth_er
 TANGENT_RTOL = 1e-6
 
 
+SPEL_SCHEDULES = ("model", "constant", "cosine")
+
+
+def spel_lr_at(schedule: str, step: int, base: float, total: int, min_ratio: float, model_lr: float) -> float:
+    """η for optimizer step ``step`` (0-based) of ``total``.
+
+    ``model``: ``model_lr``, i.e. whatever the trainer set (spel_lr scaled by the model's warm-up + cosine);
+    ``constant``: ``base`` every step; ``cosine``: its own cosine from ``base`` at step 0 to
+    ``base * min_ratio``, no warm-up: η_t = f + (base − f)(1 + cos(π t / total)) / 2 with f = base · min_ratio
+    (the model's cosine uses the same progress t / total, after its warm-up). η is a rotation budget per
+    step (msign gives every direction the same length), so a warm-up meant for Adam's moment estimates
+    does not apply to it, and its size is its own (research: η ≈ 1e-3 after a PCA start).
+    """
+    if schedule == "model":
+        return model_lr
+    if schedule == "constant":
+        return base
+    if schedule == "cosine":
+        floor = base * min_ratio
+        progress = min(step / max(total, 1), 1.0)
+        return floor + 0.5 * (base - floor) * (1 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown SPEL schedule {schedule!r}; choose from {', '.join(SPEL_SCHEDULES)}")
+
+
 @torch.no_grad()
 def spel_step(
     A: Tensor,

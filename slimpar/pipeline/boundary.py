@@ -69,7 +69,7 @@ def _anchor(spec: CodecSpec, role: str, embedding: Tensor | None, ssn_table: Ten
         return FixedTokenTable(ssn_table)
     if spec.anchors == "none" or (role == "sender" and not spec.shares_anchor):
         return None
-    start = embedding if spec.shares_anchor else None  # receiver-only form starts at zero
+    start = embedding if spec.anchor_start_embedding else None  # receiver-only form / anchor_init zero: zero
     return build_anchor(spec.anchors, spec.vocab, spec.dim, spec.anchor_dim, spec.seed, spec.boundary, start)
 
 

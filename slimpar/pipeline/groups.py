@@ -10,6 +10,7 @@ and no replica group exists.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -52,10 +53,14 @@ class PipelineGroups:
     world: dist.ProcessGroup  # every rank: loss, metrics and evaluation reductions
 
 
-def build_groups(layout: PipelineLayout, world_group: dist.ProcessGroup) -> PipelineGroups:
-    """Create the groups collectively (every rank, same order) and return this rank's."""
+def build_groups(layout: PipelineLayout, world_group: dist.ProcessGroup,
+                 timeout: timedelta | None = None) -> PipelineGroups:
+    """Create the groups collectively (every rank, same order) and return this rank's.
+
+    ``timeout`` bounds every collective and P2P message on the new groups (None: torch's default).
+    """
     if layout.replicas == 1:
         return PipelineGroups(world_group, None, world_group)
-    pipelines = [dist.new_group(layout.pipeline_ranks(r)) for r in range(layout.replicas)]
-    replicas = [dist.new_group(layout.replica_ranks(s)) for s in range(layout.stages)]
+    pipelines = [dist.new_group(layout.pipeline_ranks(r), timeout=timeout) for r in range(layout.replicas)]
+    replicas = [dist.new_group(layout.replica_ranks(s), timeout=timeout) for s in range(layout.stages)]
     return PipelineGroups(pipelines[layout.replica], replicas[layout.stage], world_group)

@@ -39,6 +39,7 @@ class CodecSpec:
     anchors: str = "none"  # none | factorized | full
     anchor_dim: int = 32  # m for factorized anchors
     anchor_form: str = "symmetric"  # symmetric (both ends hold the table) | receiver
+    anchor_init: str = "embedding"  # embedding (symmetric tables start at E_tok·Pᵀ) | zero
     ids_on_wire: bool = True  # token ids cross the boundary (2 bytes each) instead of being read locally
     rvq: RVQSpec | None = None  # residual VQ of the codes (projector codecs only)
     microbatches: int = 1  # microbatches per step: paces the full codebook pushes
@@ -72,6 +73,11 @@ class CodecSpec:
         return self.anchors != "none" and self.anchor_form == "symmetric"
 
     @property
+    def anchor_start_embedding(self) -> bool:
+        """The anchor table starts from the model's token embedding (symmetric form, ``anchor_init`` embedding)."""
+        return self.shares_anchor and self.anchor_init == "embedding"
+
+    @property
     def identity_init(self) -> bool:
         """r = d starts A at the identity, which makes the codec exactly lossless at step 0."""
         return self.rank == self.dim
@@ -95,6 +101,7 @@ def codec_specs(cfg, d: int, vocab: int) -> list[CodecSpec]:
     return [
         CodecSpec(kind=pc.codec, boundary=p, dim=d, rank=r, vocab=vocab, seed=cfg.train.seed,
                   anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
+                  anchor_init=pc.anchor_init,
                   ids_on_wire=pc.ids == "send", rvq=rvq, microbatches=pc.microbatches)
         for p in range(pc.stages - 1)
     ]

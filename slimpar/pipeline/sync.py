@@ -24,6 +24,9 @@ exchange is d·r numbers per step against (tokens per step)·r of payload, so at
 only uses the direction of the momentum. At pretraining batch sizes the exchange is negligible in
 any format. All bytes are counted as ``sync``.
 
+A frozen parameter (``freeze``, used for ``pipeline.freeze_projector_after``) leaves the exchange on
+both ends at the same step: its gradient parts are no longer sent, but its checksum still is.
+
 The two phases let both ends post their sends before either waits, on a P2PLink (two ranks) or a
 LocalLink (the virtual pipeline calls post on both ends, then finish on the sender, then the receiver).
 """
@@ -71,12 +74,20 @@ class SharedParamSync:
             raise ValueError(f"sync dtype must be one of {SYNC_DTYPES}, got {dtype!r}")
         self.params, self.role, self.link, self.dtype = params, role, link, dtype
         self.resyncs = 0
+        self.frozen: set[str] = set()  # names whose gradient exchange has stopped (still checksummed)
         self._pending: tuple | None = None
+
+    def freeze(self, name: str) -> None:
+        """Stop exchanging ``name``'s gradient (a frozen A): both ends must freeze it at the same step."""
+        self.frozen.add(name)
+
+    def _active(self) -> list[tuple[str, nn.Parameter, bool]]:
+        return [t for t in self.params if t[0] not in self.frozen]
 
     # -- gradient exchange ------------------------------------------------------------------------
     def post(self, rows: Tensor | None = None) -> None:
         """Send this end's encoded gradient parts; ``rows`` = the step's distinct ids (anchor tables)."""
-        mine = [t for _, p, sparse in self.params for t in self._part(p, rows if sparse else None)]
+        mine = [t for _, p, sparse in self._active() for t in self._part(p, rows if sparse else None)]
         sends = self.link.isend([Packet("sync", t) for t in mine], TAG_SYNC)
         theirs, recvs = self.link.irecv([WireSpec("sync", tuple(t.shape), t.dtype) for t in mine], TAG_SYNC)
         self._pending = (mine, theirs, rows, sends + recvs)
@@ -86,7 +97,7 @@ class SharedParamSync:
         mine, theirs, rows, handles = self._pending
         wait_all(handles)
         n = 2 if self.dtype == "int8" else 1  # wire tensors per parameter
-        for i, (_, p, sparse) in enumerate(self.params):
+        for i, (_, p, sparse) in enumerate(self._active()):
             a = decode_part(mine[n * i:n * i + n], self.dtype)
             b = decode_part(theirs[n * i:n * i + n], self.dtype)
             s, r = (a, b) if self.role == "sender" else (b, a)

@@ -36,11 +36,23 @@ class Subnet:
     split: dict[str, tuple[nn.Module, str, int]] = field(default_factory=dict)
 
 
+class SkippedBlock(nn.Module):
+    """Stands in for a block this worker does not hold inside an ``nn.ModuleList`` (whose indices, and so
+    parameter names, must not shift): returns the residual stream it is given, as a residual block whose
+    branches are zero would. Works for blocks called as ``block(hidden_states, ...)`` that return the
+    hidden states (Hugging Face decoder layers in transformers 5)."""
+
+    def forward(self, hidden_states=None, *args, **kwargs):
+        return hidden_states if hidden_states is not None else args[0]
+
+
 def _delete_module(model: nn.Module, path: str) -> None:
     parent, _, key = path.rpartition(".")
     container = model.get_submodule(parent) if parent else model
     if isinstance(container, nn.ModuleDict):
         del container[key]
+    elif isinstance(container, nn.ModuleList):
+        container[int(key)] = SkippedBlock()
     else:
         setattr(container, key, None)
 

@@ -54,6 +54,7 @@ class Component:
 
 
 Extraction = tuple[list[Component], list[str], int]
+Pairs = list[tuple[str, int]]
 
 
 def split_units(n_units: int, groups: int) -> list[tuple[int, int]]:
@@ -146,10 +147,13 @@ def _neuron_component(model: nn.Module, layer: str, name: str, index: tuple[int,
 
 def _attention_flops(model: nn.Module) -> int:
     """Per-token attention-score FLOPs of one LLaMA block: QK^T and AV over T/2 keys on average
-    (causal), each T/2 x dim multiply-adds -> 2 * T * dim FLOPs; 0 when the config is unknown."""
+    (causal), each T/2 x dim multiply-adds -> 2 * T * dim FLOPs; 0 when the config is unknown.
+    Reads slimpar's ``cfg`` (max_seq_len, dim) or a Hugging Face ``config``."""
     cfg = getattr(model, "cfg", None)
-    seq, dim = getattr(cfg, "max_seq_len", 0), getattr(cfg, "dim", 0)
-    return 2 * seq * dim
+    if cfg is not None:
+        return 2 * getattr(cfg, "max_seq_len", 0) * getattr(cfg, "dim", 0)
+    hf = getattr(model, "config", None)
+    return 2 * getattr(hf, "max_position_embeddings", 0) * getattr(hf, "hidden_size", 0)
 
 
 def llama_components(model: nn.Module, level: Level = "block", groups: int = 4) -> Extraction:
@@ -160,23 +164,8 @@ def llama_components(model: nn.Module, level: Level = "block", groups: int = 4) 
     ``feed_forward.w1``/``w3`` and columns of ``feed_forward.w2``. Returns (components, shared
     parameter names, shared bytes).
     """
-    blocks = _block_dict(model, "layers")
-    comps: list[Component] = []
-    for key, block in blocks.items():
-        if not _maskable(block):
-            continue
-        prefix = f"layers.{key}"
-        if level == "block":
-            comps.append(_block_component(model, prefix, extra_flops=_attention_flops(model)))
-        elif level == "neuron":
-            ffn = f"{prefix}.feed_forward"
-            d_ff = block.feed_forward.w1.weight.shape[0]
-            pairs = [(f"{ffn}.w1.weight", 0), (f"{ffn}.w3.weight", 0), (f"{ffn}.w2.weight", 1)]
-            for g, idx in enumerate(split_units(d_ff, groups)):
-                comps.append(_neuron_component(model, prefix, f"{prefix}.ffn.g{g}", idx, pairs, []))
-        else:
-            raise PlanError(f"unknown component level {level!r}; choose 'block' or 'neuron'")
-    return _shared(model, comps)
+    _block_dict(model, "layers")
+    return path_components(model, "layers", level, groups)
 
 
 def conv_positions(model: nn.Module, input_shape: tuple[int, ...]) -> dict[str, int]:
@@ -210,7 +199,6 @@ def blocks_components(model: nn.Module, attr: str = "blocks",
     return _shared(model, comps)
 
 
-Pairs = list[tuple[str, int]]
 _CHANNEL_PARAMS = (("conv1.weight", 0), ("conv1.bias", 0), ("bn1.weight", 0), ("bn1.bias", 0),
                    ("conv2.weight", 1))
 
@@ -258,17 +246,83 @@ def swin_components(model: nn.Module) -> Extraction:
     return blocks_components(model, "blocks")
 
 
-def model_components(model: nn.Module, level: Level = "block", groups: int = 4, **kw) -> Extraction:
-    """Dispatch by structure: ``.layers`` -> LLaMA; ``.blocks`` with conv1 -> ResNet; ``.blocks`` -> Swin
-    (block level only)."""
+def _block_items(model: nn.Module, blocks: str) -> list[tuple[str, nn.Module]]:
+    """(key, block) of the container at ``blocks`` (an ``nn.ModuleList`` or ``nn.ModuleDict``)."""
+    try:
+        container = model.get_submodule(blocks)
+    except AttributeError:
+        raise PlanError(f"{type(model).__name__} has no submodule {blocks!r} (blocks=...)") from None
+    if not isinstance(container, (nn.ModuleList, nn.ModuleDict)):
+        raise PlanError(f"{blocks!r} is a {type(container).__name__}; blocks must name an nn.ModuleList or "
+                        "nn.ModuleDict of repeated blocks")
+    return list(container.items()) if isinstance(container, nn.ModuleDict) else \
+        [(str(i), b) for i, b in enumerate(container)]
+
+
+# SwiGLU MLP layouts: (gate, up, down) attribute names. Hidden unit h is row h of gate and up, column h of down.
+SWIGLU_LAYOUTS = (("w1", "w3", "w2"),  # slimpar's FeedForward
+                  ("gate_proj", "up_proj", "down_proj"))  # Hugging Face LLaMA, Mistral, Qwen2
+
+
+def _swiglu(block: nn.Module, prefix: str) -> tuple[Pairs, int] | None:
+    """The (param, axis) pairs and width of the SwiGLU MLP inside ``block``, if it has one."""
+    for path, mod in block.named_modules():
+        for gate, up, down in SWIGLU_LAYOUTS:
+            if all(isinstance(getattr(mod, n, None), nn.Linear) for n in (gate, up, down)):
+                base = f"{prefix}.{path}" if path else prefix
+                if any(getattr(mod, n).bias is not None for n in (gate, up, down)):
+                    raise PlanError(f"{base}: SwiGLU projections with biases are not supported at neuron level")
+                pairs = [(f"{base}.{gate}.weight", 0), (f"{base}.{up}.weight", 0), (f"{base}.{down}.weight", 1)]
+                return pairs, getattr(mod, gate).weight.shape[0]
+    return None
+
+
+def path_components(model: nn.Module, blocks: str, level: Level = "block", groups: int = 4) -> Extraction:
+    """Components of any model whose repeated blocks sit at the dotted path ``blocks``.
+
+    block: one component per block (``{blocks}.{i}``). neuron: ``groups`` groups of each block's
+    SwiGLU hidden units (slimpar's w1/w3/w2 or HF's gate_proj/up_proj/down_proj, found anywhere
+    inside the block, e.g. ``model.layers.3.mlp``), named ``{blocks}.{i}.ffn.g{j}``.
+    """
+    comps: list[Component] = []
+    for key, block in _block_items(model, blocks):
+        if not _maskable(block):
+            continue
+        prefix = f"{blocks}.{key}"
+        if level == "block":
+            comps.append(_block_component(model, prefix, extra_flops=_attention_flops(model)))
+            continue
+        if level != "neuron":
+            raise PlanError(f"unknown component level {level!r}; choose 'block' or 'neuron'")
+        found = _swiglu(block, prefix)
+        if found is None:
+            raise PlanError(f"{prefix} has no SwiGLU MLP ({' / '.join('/'.join(t) for t in SWIGLU_LAYOUTS)}) "
+                            "to split at neuron level")
+        pairs, d_ff = found
+        for g, idx in enumerate(split_units(d_ff, groups)):
+            comps.append(_neuron_component(model, prefix, f"{prefix}.ffn.g{g}", idx, pairs, []))
+    return _shared(model, comps)
+
+
+def model_components(model: nn.Module, level: Level = "block", groups: int = 4, blocks: str | None = None,
+                     **kw) -> Extraction:
+    """Dispatch by structure: ``blocks`` (a dotted path) -> :func:`path_components`; ``.layers`` -> LLaMA;
+    ``.blocks`` with conv1 -> ResNet; ``.blocks`` -> Swin (block level only); a Hugging Face causal LM's
+    ``model.layers`` -> :func:`path_components`."""
+    if blocks is not None:
+        return path_components(model, blocks, level, groups)
     if isinstance(getattr(model, "layers", None), nn.ModuleDict):
         return llama_components(model, level, groups)
-    blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.ModuleDict):
-        if any(hasattr(b, "conv1") for b in blocks.values()):
+    blocks_dict = getattr(model, "blocks", None)
+    if isinstance(blocks_dict, nn.ModuleDict):
+        if any(hasattr(b, "conv1") for b in blocks_dict.values()):
             return resnet_components(model, level, groups, **kw)
         if level != "block":
             raise PlanError(f"{type(model).__name__}: neuron-level components are supported for LLaMA "
                             "FFNs and ResNet BasicBlocks only")
         return swin_components(model)
-    raise PlanError(f"{type(model).__name__} has neither a `layers` nor a `blocks` nn.ModuleDict")
+    inner = getattr(model, "model", None)
+    if isinstance(getattr(inner, "layers", None), (nn.ModuleList, nn.ModuleDict)):
+        return path_components(model, "model.layers", level, groups)
+    raise PlanError(f"{type(model).__name__} has neither a `layers` nor a `blocks` nn.ModuleDict; pass the "
+                    "path of its repeated blocks, e.g. blocks=\"model.layers\"")

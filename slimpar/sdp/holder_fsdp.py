@@ -14,6 +14,8 @@ for the shared parameters over all workers. Groups are created by every rank in 
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -21,14 +23,16 @@ from torch import nn
 from slimpar.sdp.plan import Plan
 
 
-def shard_over_holders(model: nn.Module, plan: Plan, rank: int, device: torch.device) -> None:
+def shard_over_holders(model: nn.Module, plan: Plan, rank: int, device: torch.device,
+                       timeout: timedelta | None = None) -> None:
+    """FSDP2-shard each held block over its holder group; ``timeout`` bounds those groups' collectives."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     meshes: dict[tuple[int, ...], DeviceMesh] = {}
     for hs in plan.distinct_holder_sets:  # every rank creates every group, in the same order
         if len(hs) > 1:
-            group = dist.new_group(list(hs))
+            group = dist.new_group(list(hs), timeout=timeout)
             if rank in hs:
                 meshes[hs] = DeviceMesh.from_group(group, device.type)
     ignored: set[nn.Parameter] = set()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -73,11 +74,12 @@ class HolderGroups:
     """Process groups for every distinct holder set (plus the all-workers group), created collectively.
 
     ``members(S)`` maps a set of SDP workers to global ranks; with an FSDP dimension of size F each
-    worker is F ranks and one group is created per shard index.
+    worker is F ranks and one group is created per shard index. ``timeout`` bounds every collective on
+    the new groups (None: torch's default), so a hung holder fails the run instead of hanging it.
     """
 
     def __init__(self, holder_sets: list[tuple[int, ...]], n_workers: int, fsdp: int = 1,
-                 world_group: dist.ProcessGroup | None = None):
+                 world_group: dist.ProcessGroup | None = None, timeout: timedelta | None = None):
         self.fsdp = fsdp
         self.groups: dict[tuple[tuple[int, ...], int], dist.ProcessGroup] = {}
         everyone = tuple(range(n_workers))
@@ -87,7 +89,7 @@ class HolderGroups:
                 if len(ranks) == dist.get_world_size() and world_group is not None:
                     self.groups[(hs, f)] = world_group
                 else:
-                    self.groups[(hs, f)] = dist.new_group(ranks)
+                    self.groups[(hs, f)] = dist.new_group(ranks, timeout=timeout)
 
     def get(self, holder_set: tuple[int, ...], shard: int = 0) -> dist.ProcessGroup:
         return self.groups[(tuple(holder_set), shard)]

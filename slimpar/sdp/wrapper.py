@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -46,7 +47,8 @@ class SubnetworkDataParallel(nn.Module):
     def __init__(self, module: nn.Module, plan: Plan, regime: str = "forward",
                  group: dist.ProcessGroup | None = None, bucket_mb: float = 25.0,
                  refresh_every: int = 1, overlap: bool = True, shared_names: list[str] | None = None,
-                 fsdp: int = 1, parallelize=None, fsdp_does_averaging: bool = False):
+                 fsdp: int = 1, parallelize=None, fsdp_does_averaging: bool = False,
+                 timeout: timedelta | None = None):
         super().__init__()
         if group is None and dist.is_initialized():
             group = dist.group.WORLD
@@ -74,8 +76,8 @@ class SubnetworkDataParallel(nn.Module):
         self.last_drift = 0.0
         self.refresh_sets = refresh_sets(plan) if regime == "backward" else {}
         sets = list(plan.distinct_holder_sets) + list(self.refresh_sets.values())
-        self.holder_groups = HolderGroups(sets, plan.world_size, fsdp=fsdp,
-                                          world_group=group) if group is not None else None
+        self.holder_groups = HolderGroups(sets, plan.world_size, fsdp=fsdp, world_group=group,
+                                          timeout=timeout) if group is not None else None
         # FSDP2 hands back sharded gradients after its own reduce-scatter, not through autograd's
         # accumulation hooks, so with an FSDP dimension the holder all-reduce runs after backward.
         self.fsdp_does_averaging = fsdp_does_averaging  # holder-sharded FSDP2: its reduce-scatter averages

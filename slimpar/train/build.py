@@ -30,6 +30,8 @@ def llama_config(cfg: Config, vocab_size: int | None = None):
     from slimpar.models.llama import LlamaConfig
 
     m = cfg.model
+    if m.init_from:  # the folder's shape wins over model.size and friends
+        return _hf_shape(m.init_from, vocab_size)
     over: dict = {"tie_embeddings": m.tie_embeddings}
     if m.max_seq_len:
         over["max_seq_len"] = m.max_seq_len
@@ -37,6 +39,21 @@ def llama_config(cfg: Config, vocab_size: int | None = None):
         over["n_kv_heads"] = m.n_kv_heads
     over["vocab_size"] = m.vocab_size or vocab_size or cfg.data.vocab_size
     return LlamaConfig.named(m.size, **over)
+
+
+def _hf_shape(folder: str, data_vocab: int | None):
+    from slimpar.config import ConfigError
+    from slimpar.models.hf_llama import HFFormatError, read_hf_config
+
+    try:
+        lc = read_hf_config(folder)
+    except HFFormatError as e:
+        raise ConfigError(f"model.init_from: {e}") from None
+    if data_vocab is not None and data_vocab > lc.vocab_size:
+        raise ConfigError(f"model.init_from: the data's tokenizer has {data_vocab} tokens but {folder} has only "
+                          f"{lc.vocab_size} embeddings; train with that model's tokenizer or a smaller "
+                          "--data.vocab_size")
+    return lc
 
 
 def build_model(cfg: Config, data=None) -> nn.Module:
@@ -47,7 +64,12 @@ def build_model(cfg: Config, data=None) -> nn.Module:
         from slimpar.models.llama import Llama
 
         vocab = data.vocab_size if data is not None else None
-        return Llama(llama_config(cfg, vocab_size=vocab))
+        model = Llama(llama_config(cfg, vocab_size=vocab))
+        if m.init_from and not model.norm.weight.is_meta:
+            from slimpar.models.hf_llama import load_hf_weights
+
+            load_hf_weights(model, m.init_from)
+        return model
     num_classes = data.num_classes if data is not None else m.num_classes
     channels = data.channels if data is not None else m.in_channels
     if m.arch in ("resnet18", "wrn18"):

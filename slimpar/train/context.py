@@ -1,9 +1,15 @@
-"""What a worker knows about its place in the job: rank, world, device, run folder and process group."""
+"""What a worker knows about its place in the job: rank, world, device, run folder and process group.
+
+Every process group gets ``parallel.timeout_s``: without it a stopped or deadlocked worker hangs the
+whole job silently (gloo's default is 30 minutes); with it the waiting ranks fail and the launcher ends
+the run (see slimpar.train.worker for the message).
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -19,6 +25,7 @@ class RunContext:
     device: torch.device
     out_dir: Path
     group: dist.ProcessGroup | None  # the data-parallel WORLD group; None when single-process
+    timeout: timedelta | None = None  # bound on every collective; strategies pass it to the groups they create
 
     @property
     def is_main(self) -> bool:
@@ -37,15 +44,31 @@ def init_context(cfg: Config, out_dir: Path) -> RunContext:
     else:
         _share_cores(world)
     group = None
+    timeout = timedelta(seconds=cfg.parallel.timeout_s)
     if world > 1 or cfg.parallel.mode not in ("single",):
         if not dist.is_initialized() and "MASTER_ADDR" in os.environ:
             backend = cfg.parallel.backend
             if backend == "auto":
                 backend = "nccl" if device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
+                                    timeout=timeout)
         if dist.is_initialized():
             group = dist.group.WORLD
-    return RunContext(rank=rank, world=world, device=device, out_dir=out_dir, group=group)
+    return RunContext(rank=rank, world=world, device=device, out_dir=out_dir, group=group, timeout=timeout)
+
+
+def bound_timeout(mesh, timeout: timedelta | None) -> None:
+    """Give every group of a DeviceMesh the run's timeout.
+
+    ``init_device_mesh`` creates its groups with torch's default timeout and takes no timeout of its own
+    (only through backend-specific options), so it is set on each group after the fact.
+    """
+    if timeout is None:
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    for dim in range(mesh.ndim):
+        _set_pg_timeout(timeout, mesh.get_group(dim))
 
 
 def _share_cores(world: int) -> None:

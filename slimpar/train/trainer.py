@@ -22,6 +22,7 @@ from slimpar.train.build import build_data, build_model, build_optimizer, loss_f
 from slimpar.train.checkpoint import export_safetensors, latest_checkpoint, load_checkpoint, save_checkpoint
 from slimpar.train.context import RunContext
 from slimpar.train.evaluate import evaluate
+from slimpar.train.guard import StepGuard, check_export
 from slimpar.train.metrics import (
     MetricsWriter,
     git_commit,
@@ -30,6 +31,7 @@ from slimpar.train.metrics import (
     print_summary,
     versions,
 )
+from slimpar.train.run_files import record_run_files
 
 
 def build_strategy(cfg: Config, model, ctx: RunContext):
@@ -69,6 +71,8 @@ class Trainer:
         if ctx.group is not None and not ctx.is_main:
             dist.barrier(group=ctx.group)  # rank 0 builds tokenizer and token caches first
         self.data = build_data(cfg)
+        if ctx.is_main:
+            record_run_files(cfg, self.data, ctx.out_dir)  # the tokenizer and the real vocabulary size
         if ctx.group is not None and ctx.is_main:
             dist.barrier(group=ctx.group)
         model = build_model(cfg, self.data)
@@ -77,6 +81,7 @@ class Trainer:
         self.optimizer = make_opt(cfg) if make_opt else build_optimizer(self.strategy.named_parameters(), cfg)
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]  # before a resume overwrites them
         self.total = total_steps(cfg)
+        self.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, ctx.rank)
         self.start = 0
         if cfg.checkpoint.resume:
             path = latest_checkpoint(ctx.out_dir)
@@ -137,9 +142,29 @@ class Trainer:
             loss = self._forward_backward(step, saved)
         self.strategy.after_backward()
         gnorm = self.strategy.clip_grad_norm(self.cfg.train.grad_clip) if self.cfg.train.grad_clip else 0.0
-        self.optimizer.step()
+        if self._step_is_finite(step, loss, gnorm, instrument):
+            self.optimizer.step()
+        else:  # a skipped step (train.skip_bad_steps): no update, and no stale gradient left behind
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.ctx.is_main:
+                print(f"warning: step {step + 1}: non-finite loss or gradient norm, update skipped "
+                      f"({len(self.guard.skipped)} of train.skip_bad_steps = {self.cfg.train.skip_bad_steps})",
+                      flush=True)
         self.strategy.after_step()
         return loss, gnorm
+
+    def _step_is_finite(self, step: int, loss: float, gnorm: float, instrument: StepInstrument | None) -> bool:
+        """The guard's verdict, the same on every rank (raises TrainingDiverged past the skip budget).
+
+        Without clipping no norm is computed, so this rank's gradients are checked directly; a pipeline
+        stage before the last has no loss of its own (it reports NaN), so only the last stage's counts.
+        """
+        clipped = bool(self.cfg.train.grad_clip)
+        pp_stage = getattr(self.strategy, "pp_stage", None)
+        if pp_stage is not None and not pp_stage.is_last:
+            loss = 0.0
+        params = () if clipped else self.strategy.parameters()
+        return self.guard.check(step, loss, gnorm if clipped else None, params, instrument)
 
     def _measured_step(self, step: int) -> tuple[float, float]:
         """One step under exact accounting of memory and communication (see parallel/comm.py)."""
@@ -254,6 +279,7 @@ class Trainer:
             **(self.strategy.summary_extras() if hasattr(self.strategy, "summary_extras") else {}),
             "world_size": ctx.world,
             "steps": self.total,
+            "skipped_steps": self.guard.skipped,
             "config": to_dict(cfg),
             "git_commit": git_commit(),
             "versions": versions(),
@@ -261,6 +287,7 @@ class Trainer:
         if cfg.data.kind == "text":
             summary["val_bits_per_byte"] = results.get("val_bits_per_byte")
         if full is not None:
+            check_export(full)
             export_safetensors(full, ctx.out_dir / "model.safetensors",
                                {"config": json.dumps(to_dict(cfg)), "step": str(self.total)})
         (ctx.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from slimpar.config import Config, ConfigError, load_config
 from slimpar.config import check_choice as _choice
@@ -11,10 +15,12 @@ ARCHS = ("llama", "resnet18", "wrn18", "swin")
 MODES = ("single", "ddp", "fsdp", "sdp", "pipeline")
 
 
-def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a run config (defaults < TOML < overrides) and check every rule: what the CLI calls."""
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
+                    training: bool = True) -> Config:
+    """Load a run config (defaults < TOML < overrides) and check every rule: what the CLI calls.
+    ``training=False`` (``slimpar plan``) skips the rules only a training run needs (the batch split)."""
     cfg = load_config(path, overrides)
-    validate(cfg)
+    validate(cfg, training=training)
     return cfg
 
 
@@ -23,8 +29,107 @@ def _positive(where: str, value: float, zero_ok: bool = False) -> None:
         raise ConfigError(f"{where} must be {'>= 0' if zero_ok else '> 0'}, got {value}")
 
 
-def validate(cfg: Config) -> None:
-    """Raise ConfigError with a message that names the fix for the first problem found."""
+@dataclass(frozen=True)
+class Range:
+    """The allowed interval of one numeric field; ``None`` bounds are open-ended."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False  # exclude lo itself (e.g. a learning rate must be > 0)
+    hi_open: bool = False  # exclude hi itself (e.g. an Adam beta must be < 1)
+    why: str = ""  # what the field means, so the message explains the bound
+
+    def contains(self, v: float) -> bool:
+        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
+            return False
+        return self.hi is None or (v < self.hi or (not self.hi_open and v == self.hi))
+
+    def describe(self) -> str:
+        if self.lo is not None and self.hi is not None:
+            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+
+
+MAX_EVAL_BATCH = 1 << 16  # a validation batch above this would allocate for minutes before failing
+
+# Every numeric field of the config outside [sdp] and [pipeline] (those are in validate_sdp and
+# validate_pipeline); tests/unit/test_validate_numbers.py checks that no numeric field is missing.
+RANGES: dict[str, Range] = {
+    "model.vocab_size": Range(0, why="0 = take it from the tokenizer"),
+    "model.max_seq_len": Range(0, why="0 = the size's default"),
+    "model.n_kv_heads": Range(0, why="0 = the size's default"),
+    "model.num_classes": Range(1), "model.in_channels": Range(1), "model.width": Range(1),
+    "model.embed_dim": Range(1),
+    "data.vocab_size": Range(0), "data.seq_len": Range(0, lo_open=True),
+    "data.heldout_works": Range(0, why="Shakespeare works held out for validation"),
+    "train.steps": Range(0, lo_open=True), "train.batch_size": Range(0, lo_open=True),
+    "train.lr": Range(0, lo_open=True, why="the peak learning rate"),
+    "train.min_lr_ratio": Range(0, 1, why="the cosine decay ends at lr * min_lr_ratio"),
+    "train.warmup_steps": Range(0), "train.weight_decay": Range(0),
+    "train.beta1": Range(0, 1, hi_open=True, why="AdamW's first-moment decay"),
+    "train.beta2": Range(0, 1, hi_open=True, why="AdamW's second-moment decay"),
+    "train.grad_clip": Range(0, why="0 disables clipping"), "train.grad_accum": Range(1),
+    "train.seed": Range(0), "train.stop_after": Range(0, why="0 = run to train.steps"),
+    "train.skip_bad_steps": Range(0, why="0 = stop at the first non-finite loss"),
+    "parallel.workers": Range(1), "parallel.timeout_s": Range(0, lo_open=True, why="seconds a collective waits"),
+    "eval.every": Range(0), "eval.batches": Range(0, lo_open=True),
+    "eval.batch_size": Range(0, MAX_EVAL_BATCH, lo_open=True, why="sequences or images per validation batch"),
+    "checkpoint.every": Range(0, why="0 = only at the end"),
+    "log.every": Range(0, lo_open=True), "log.measure_step": Range(0),
+}
+
+
+def all_ranges() -> dict[str, Range]:
+    """The rules of every numeric field, sections included (imported late: they pull in torch)."""
+    from slimpar.train.validate_pipeline import PIPELINE_RANGES
+    from slimpar.train.validate_sdp import SDP_RANGES
+
+    return {**RANGES, **SDP_RANGES, **PIPELINE_RANGES}
+
+
+def numeric_fields(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"section.key": value}`` for every int, float or list-of-numbers field in the config tree."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            out.update(numeric_fields(v, f"{prefix}{f.name}."))
+        elif (isinstance(v, (int, float)) and not isinstance(v, bool)) or isinstance(v, list):
+            out[f"{prefix}{f.name}"] = v
+    return out
+
+
+def _default_of(where: str) -> Any:
+    node: Any = Config()
+    for part in where.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _check_number(where: str, value: float, rule: Range | None) -> None:
+    """NaN and inf slip past every ``<`` comparison, so finiteness is checked before the range."""
+    default = _default_of(where)
+    example = f"--{where} {default} (the default)" if not isinstance(default, list) else f"--{where} 0.5,0.5"
+    if not math.isfinite(value):
+        raise ConfigError(f"{where} = {value} is not a finite number; set a finite value, e.g. {example}")
+    if rule is not None and not rule.contains(value):
+        why = f" ({rule.why})" if rule.why else ""
+        raise ConfigError(f"{where} must be {rule.describe()}, got {value}{why}; set e.g. {example}")
+
+
+def check_numbers(cfg: Config) -> None:
+    """Finiteness for every number in the tree and the range of every numeric field."""
+    rules = all_ranges()
+    for where, value in numeric_fields(cfg).items():
+        for v in value if isinstance(value, list) else [value]:
+            _check_number(where, v, rules.get(where))
+
+
+def validate(cfg: Config, *, training: bool = True) -> None:
+    """Raise ConfigError with a message that names the fix for the first problem found
+    (``training=False``: not the batch split over workers, which a plan does not depend on)."""
     m, d, t, p = cfg.model, cfg.data, cfg.train, cfg.parallel
     _choice("model.arch", m.arch, ARCHS)
     _choice("parallel.mode", p.mode, MODES)
@@ -42,6 +147,7 @@ def validate(cfg: Config) -> None:
                               f"this machine has {torch.cuda.device_count()} (use --parallel.device cpu)")
     if p.mode == "single" and p.workers != 1:
         raise ConfigError("parallel.mode = 'single' runs one worker; set --parallel.mode ddp|fsdp|sdp for more")
+    check_numbers(cfg)
     for where, v in [("train.steps", t.steps), ("train.batch_size", t.batch_size), ("train.lr", t.lr),
                      ("train.grad_accum", t.grad_accum), ("data.seq_len", d.seq_len),
                      ("eval.batches", cfg.eval.batches), ("eval.batch_size", cfg.eval.batch_size),
@@ -59,7 +165,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.arch = {m.arch!r} needs data.kind = 'images'")
     _validate_model(cfg)
     _validate_data(cfg)
-    _validate_batch(cfg)
+    if training:
+        _validate_batch(cfg)
     if p.mode == "sdp":
         from slimpar.train.validate_sdp import validate_sdp
 
@@ -72,12 +179,16 @@ def validate(cfg: Config) -> None:
 
 def _validate_model(cfg: Config) -> None:
     m = cfg.model
+    if m.init_from and m.arch != "llama":
+        raise ConfigError(f"model.init_from loads Hugging Face LLaMA folders; model.arch is {m.arch!r}")
     if m.arch == "llama":
         from slimpar.models.llama import LlamaConfig
         from slimpar.train.build import llama_config
 
         _choice("model.size", m.size, tuple(LlamaConfig.SIZES))
-        lc = llama_config(cfg)
+        # the tokenizer's size where it is known before any data is read (a BPE trained to data.vocab_size)
+        known = cfg.data.vocab_size if cfg.data.tokenizer == "bpe" and cfg.data.corpus == "shakespeare" else None
+        lc = llama_config(cfg, vocab_size=known if m.init_from else None)
         if cfg.data.seq_len > lc.max_seq_len:
             raise ConfigError(
                 f"data.seq_len = {cfg.data.seq_len} is longer than the model's context "

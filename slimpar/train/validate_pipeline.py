@@ -8,12 +8,30 @@ from __future__ import annotations
 
 from slimpar.config import Config, ConfigError
 from slimpar.config import check_choice as _choice
+from slimpar.optim.spel import SPEL_SCHEDULES
 from slimpar.pipeline.spec import CODECS, PROJECTOR_CODECS, resolve_rank
 from slimpar.pipeline.sync import SYNC_DTYPES
 from slimpar.train.build import llama_config
+from slimpar.train.validate import Range
 
 MAX_STAGES = 8
 MAX_CODEBOOK = 1 << 16
+
+# The [pipeline] numbers, checked in every mode by slimpar.train.validate.check_numbers; the layout and
+# codec rules below (which need the model and parallel.mode = "pipeline") refine them.
+PIPELINE_RANGES: dict[str, Range] = {
+    "pipeline.stages": Range(1), "pipeline.microbatches": Range(1),
+    "pipeline.rank": Range(0, why="0 = d / compression"), "pipeline.compression": Range(1),
+    "pipeline.anchor_dim": Range(1),
+    "pipeline.spel_lr": Range(0, lo_open=True, why="SPEL's spectral step length"),
+    "pipeline.spel_momentum": Range(0, 1, hi_open=True, why="SPEL's momentum"),
+    "pipeline.checksum_every": Range(0, why="0 = never"),
+    "pipeline.pca_batches": Range(1, why="training batches for the pca start"),
+    "pipeline.freeze_projector_after": Range(0, why="0 = never"),
+    "pipeline.rvq.levels": Range(0, why="0 = no RVQ"), "pipeline.rvq.codebook": Range(2),
+    "pipeline.rvq.decay": Range(0, 1, hi_open=True, why="EMA decay of the codebooks"),
+    "pipeline.rvq.commitment": Range(0), "pipeline.rvq.sync_every": Range(0),
+}
 
 
 def validate_pipeline(cfg: Config) -> None:
@@ -26,6 +44,7 @@ def validate_pipeline(cfg: Config) -> None:
     _check_layout(cfg, lc.n_layers)
     _check_codec(cfg, lc.dim)
     _check_rvq(cfg)
+    _check_projector(cfg)
     if lc.tie_embeddings:
         raise ConfigError("pipeline stages cannot share a tied token embedding and output head (stage 0 holds "
                           "the embedding, the last stage the head); add --model.tie_embeddings false")
@@ -43,6 +62,10 @@ def _check_choices(cfg: Config) -> None:
     _choice("pipeline.ids", pc.ids, ("send", "local"))
     _choice("pipeline.polar", pc.polar, ("polar_express", "eigh"))
     _choice("pipeline.sync_dtype", pc.sync_dtype, SYNC_DTYPES)
+    _choice("pipeline.projector_init", pc.projector_init, ("random", "pca"))
+    _choice("pipeline.spel_schedule", pc.spel_schedule, SPEL_SCHEDULES)
+    _choice("pipeline.clip_projector", pc.clip_projector, ("global", "separate", "none"))
+    _choice("pipeline.anchor_init", pc.anchor_init, ("embedding", "zero"))
 
 
 def _check_layout(cfg: Config, n_layers: int) -> None:
@@ -111,3 +134,15 @@ def _check_rvq(cfg: Config) -> None:
         raise ConfigError(f"pipeline.rvq.codebook = {q.codebook} must be between 2 and {MAX_CODEBOOK:,}")
     if not 0 <= q.decay < 1 or q.commitment < 0 or q.sync_every < 0:
         raise ConfigError("pipeline.rvq needs decay in [0, 1), commitment >= 0 and sync_every >= 0")
+
+
+def _check_projector(cfg: Config) -> None:
+    """How MAPL's projector A is started and stepped (docs/pipeline.md, "Starting and stepping A")."""
+    pc = cfg.pipeline
+    if pc.pca_batches < 1:
+        raise ConfigError(f"pipeline.pca_batches must be >= 1, got {pc.pca_batches}")
+    if pc.freeze_projector_after < 0:
+        raise ConfigError(f"pipeline.freeze_projector_after must be >= 0 (0 = never), got {pc.freeze_projector_after}")
+    if pc.projector_init == "pca" and pc.codec != "mapl":
+        raise ConfigError(f"pipeline.projector_init = 'pca' starts MAPL's Stiefel projector A; codec {pc.codec!r} "
+                          "has none (use --pipeline.codec mapl, or --pipeline.projector_init random)")

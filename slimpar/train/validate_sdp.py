@@ -9,6 +9,18 @@ from slimpar.config import check_choice as _choice
 from slimpar.sdp.plan import PlanError
 from slimpar.train.build import build_model
 from slimpar.train.strategies.sdp import plan_from_config
+from slimpar.train.validate import Range
+
+# The [sdp] numbers, checked in every mode by slimpar.train.validate.check_numbers (a wrong value is a
+# mistake even where the section is unused); the SDP-only rules below need parallel.mode = "sdp".
+SDP_RANGES: dict[str, Range] = {
+    "sdp.keep": Range(0, 1, lo_open=True, why="the fraction of components each worker holds"),
+    "sdp.keep_per_worker": Range(0, 1, lo_open=True, why="each worker's fraction of components"),
+    "sdp.min_holders": Range(1, why="every component needs a holder"),
+    "sdp.groups": Range(0, why="0 = the default grouping"),
+    "sdp.refresh_every": Range(1), "sdp.check_every": Range(0, why="0 = never"),
+    "sdp.bn_recalibrate": Range(0, why="batches; 0 = off"), "sdp.fsdp": Range(1),
+}
 
 
 def validate_sdp(cfg: Config) -> None:

@@ -29,3 +29,14 @@ def test_sdp_snippet_runs_under_torchrun(tmp_path):
                            str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "spectral gap" in proc.stdout
+
+
+def test_hf_sdp_snippet_runs_under_torchrun(tmp_path):
+    (code,) = [v for k, v in _python_blocks().items() if "hf_sdp_example.py" in k]
+    script = tmp_path / "hf_sdp_example.py"
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    diff = float(re.search(r"after save/load: ([0-9.e+-]+)", proc.stdout).group(1))
+    assert diff == 0.0

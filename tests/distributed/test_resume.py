@@ -23,9 +23,8 @@ def test_resume_continues_exactly(tmp_path):
     assert summary(split)["val_loss"] == summary(straight)["val_loss"]
 
 
-def test_export_loads_and_evaluates(tmp_path):
-    out = tmp_path / "run"
-    run_train(out, "--train.steps", "3", "--eval.batches", "2", "--data.ood", "none")
+def test_export_loads_and_evaluates(tiny_run):
+    out = tiny_run
     state = load_safetensors(out / "model.safetensors")
     assert state["output.weight"] is state["tok_embeddings.weight"]  # tied weight stored once
     proc = subprocess.run([sys.executable, "-m", "slimpar", "eval", "--run", str(out)], capture_output=True,

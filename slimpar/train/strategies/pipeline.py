@@ -1,6 +1,9 @@
 """Compressed pipeline parallelism behind the trainer's strategy interface (METHODS.md Part 2).
 
 ``PipelineStrategy`` — one process per stage and replica (workers = P × R, groups.py). A step:
+  0. before step 0's forward, with ``pipeline.projector_init = "pca"``: the PCA start of every A
+     (pca.py: a forward-only calibration pass, stage by stage; the sender computes A and sends it);
+     SPEL's η for the step and a frozen A after ``pipeline.freeze_projector_after`` (pipeline_base.py);
   1. every ``pipeline.checksum_every`` steps: checksum the shared parameters of each boundary
      (A and symmetric anchor tables) against the other end; resync from the sender on a mismatch;
   2. the schedule (GPipe or 1F1B from torch.distributed.pipelining) runs M microbatches through a
@@ -23,6 +26,7 @@ from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 from slimpar.codecs.anchors import rows_for
 from slimpar.pipeline.evaluate import all_reduce_sum, evaluate_pipeline
 from slimpar.pipeline.groups import PipelineLayout, build_groups
+from slimpar.pipeline.pca import calibrate_stage, calibrate_virtual
 from slimpar.pipeline.spec import codec_specs
 from slimpar.pipeline.split import build_stages
 from slimpar.pipeline.stage import CodecPipelineStage
@@ -46,6 +50,13 @@ def _stages_of(cfg, model, which: list[int]) -> list:
     return stages
 
 
+def _pca_batches(cfg, step: int, batch_fn) -> list[torch.Tensor]:
+    """The first training batches (token ids) for the PCA start, before step 0's update; [] otherwise."""
+    if cfg.pipeline.projector_init != "pca" or step != 0:
+        return []  # a resumed run (step > 0) keeps the A of its checkpoint
+    return [batch_fn(i, 0)[0] for i in range(cfg.pipeline.pca_batches)]
+
+
 def _checksum_due(cfg, step: int) -> bool:
     every = cfg.pipeline.checksum_every
     return bool(every) and step > 0 and step % every == 0
@@ -57,7 +68,7 @@ class PipelineStrategy(PipelineStrategyBase):
     def __init__(self, cfg, model, ctx):
         layout = PipelineLayout.of(cfg.pipeline.stages, ctx.world, ctx.rank)
         self.layout, self.ctx = layout, ctx
-        self.groups = build_groups(layout, ctx.group)
+        self.groups = build_groups(layout, ctx.group, ctx.timeout)
         stage = _stages_of(cfg, model, [layout.stage])[0].to(ctx.device)
         super().__init__(cfg, [stage], layout.replica, layout.replicas)
         mb = cfg.train.batch_size // layout.replicas // cfg.pipeline.microbatches
@@ -77,6 +88,10 @@ class PipelineStrategy(PipelineStrategyBase):
 
     def train_step(self, step: int, batch_fn) -> float:
         self._begin_step()
+        batches = _pca_batches(self.cfg, step, batch_fn)
+        if batches:
+            calibrate_stage(self.stage, batches, self.pp_stage.prev, self.pp_stage.next, self._replica_sum)
+        self.start_step(step)
         if _checksum_due(self.cfg, step) and self.syncs:
             run_phases(self.syncs, "check_post", "check_finish")
         x, y = batch_fn(step, 0)  # this replica's (b, T) batch: every stage reads it (ids, targets)
@@ -94,6 +109,15 @@ class PipelineStrategy(PipelineStrategyBase):
         if self.syncs:
             run_phases(self.syncs, "post", "finish", rows=self._touched_rows())
         return float(torch.stack(losses).detach().mean()) if losses else float("nan")
+
+    def _shared_syncs(self) -> list:
+        return self.syncs
+
+    def _replica_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over the R replicas of this stage (the PCA start's Gram matrix), identical bits on each."""
+        if self.groups.replica is not None:
+            dist.all_reduce(t, group=self.groups.replica)
+        return t
 
     def _replica_average(self) -> None:
         """DDP-style: average each gradient over the R replicas of this stage (one flat all-reduce)."""
@@ -179,6 +203,10 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
 
     def train_step(self, step: int, batch_fn) -> float:
         self._begin_step()
+        batches = _pca_batches(self.cfg, step, batch_fn)
+        if batches:
+            calibrate_virtual(self.stages, self.pipe.links, batches)
+        self.start_step(step)
         if _checksum_due(self.cfg, step):
             self.resyncs += self.pipe.check_shared()
         x, y = batch_fn(step, 0)
@@ -186,6 +214,9 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
 
     def _resyncs(self) -> int:
         return self.resyncs
+
+    def _shared_syncs(self) -> list:
+        return [end for pair in self.pipe.syncs for end in pair]
 
     def reduce_loss(self, value: float) -> float:
         self._stats = {"pp_bytes_fwd": self.counter.step_bytes("fwd"), "pp_bytes_bwd": self.counter.step_bytes("bwd"),

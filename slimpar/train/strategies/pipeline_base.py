@@ -5,6 +5,12 @@ The trainer talks to a pipeline through the same duck-typed strategy interface a
 global norm over all stages, ``reduce_loss`` / ``step_metrics`` / ``summary_extras`` report.
 Subclasses provide ``_sum_pipeline`` (sum a float64 tensor over the stages of one pipeline),
 ``_gather`` (every rank's object on rank 0) and the step itself.
+
+How MAPL's projector A is stepped (docs/pipeline.md): ``start_step`` sets SPEL's η for the step
+(``pipeline.spel_schedule``; the trainer has just scaled every group by the model's schedule) and,
+from step ``pipeline.freeze_projector_after`` on, freezes A (no gradient, no SPEL update, no gradient
+exchange between the two ends); ``clip_grad_norm`` keeps A's gradient in the model's global norm,
+clips it on its own, or leaves it unclipped (``pipeline.clip_projector``).
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ import torch
 from torch import nn
 
 from slimpar.codecs.projector import stiefel_parameters
-from slimpar.optim.spel import SPELAdamW
+from slimpar.optim.spel import SPELAdamW, spel_lr_at
 from slimpar.pipeline import accounting
 from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.ssn import effective_state_dict
 from slimpar.pipeline.wire import ByteCounter
+from slimpar.train.build import total_steps
 
 
 class PipelineStrategyBase:
@@ -67,6 +74,32 @@ class PipelineStrategyBase:
     def no_sync(self) -> Iterator[None]:
         yield
 
+    # -- how A is stepped -------------------------------------------------------------------------
+    def start_step(self, step: int) -> None:
+        """Before step ``step``'s forward: SPEL's η for this step, and A frozen once its steps are done."""
+        pc = self.cfg.pipeline
+        if self.optimizer is not None:
+            total, ratio = total_steps(self.cfg), self.cfg.train.min_lr_ratio
+            for g in self.optimizer.param_groups:
+                if g["manifold"] == "stiefel":
+                    g["lr"] = spel_lr_at(pc.spel_schedule, step, pc.spel_lr, total, ratio, g["lr"])
+        if pc.freeze_projector_after and step >= pc.freeze_projector_after:
+            self.freeze_projectors()
+
+    def freeze_projectors(self) -> None:
+        """A keeps its value: no gradient (so SPEL skips it) and no gradient exchange (fewer sync bytes).
+
+        Both ends freeze at the same step, so their exchanges keep matching; checksums still cover A.
+        """
+        for A in stiefel_parameters(self.model):
+            A.requires_grad_(False)
+            A.grad = None
+        for sync in self._shared_syncs():
+            sync.freeze("projector.A")
+
+    def _shared_syncs(self) -> list:
+        return []
+
     def after_backward(self) -> None:
         """Nothing left: the schedule, replica average and shared-gradient exchange ran in train_step."""
 
@@ -88,16 +121,23 @@ class PipelineStrategyBase:
         return [p for p in self.parameters() if id(p) not in copies]
 
     def clip_grad_norm(self, max_norm: float) -> float:
-        """Clip by the norm over all stages of one pipeline, the same factor on every stage."""
-        norms = [torch.linalg.vector_norm(p.grad) for p in self._owned() if p.grad is not None]
-        local = torch.stack(norms).double().pow(2).sum().cpu() if norms else torch.zeros((), dtype=torch.float64)
-        sq = self._sum_pipeline(local.reshape(1))
-        total = math.sqrt(float(sq))
-        coef = max_norm / (total + 1e-6)
-        if coef < 1.0:
-            for p in self.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(coef)
+        """Clip by the norm over all stages of one pipeline, the same factor on every stage; returns that norm.
+
+        ``pipeline.clip_projector``: ``global`` counts (one copy of) each A's gradient in that norm;
+        ``separate`` leaves A out of it and clips A's gradients by their own norm over the pipeline
+        (same ``max_norm``); ``none`` leaves A out and unclipped (SPEL's step has length η anyway).
+        """
+        mode = self.cfg.pipeline.clip_projector
+        proj = set() if mode == "global" else {id(p) for p in stiefel_parameters(self.model)}
+        owned = self._owned()
+        parts = [_sq_norm([p for p in owned if id(p) not in proj])]
+        if mode == "separate":
+            parts.append(_sq_norm([p for p in owned if id(p) in proj]))
+        sq = self._sum_pipeline(torch.stack(parts))  # one all-reduce of 1 or 2 numbers
+        total = math.sqrt(float(sq[0]))
+        _scale([p for p in self.parameters() if id(p) not in proj], max_norm / (total + 1e-6))
+        if mode == "separate":
+            _scale([p for p in self.parameters() if id(p) in proj], max_norm / (math.sqrt(float(sq[1])) + 1e-6))
         return total
 
     def _sum_pipeline(self, t: torch.Tensor) -> torch.Tensor:
@@ -152,3 +192,16 @@ class PipelineStrategyBase:
             out.update({f"codecs.{k}": v.detach().cpu().clone() for k, v in s.codecs.state_dict().items()
                         if isinstance(v, torch.Tensor)})
         return out
+
+
+def _sq_norm(params: list[nn.Parameter]) -> torch.Tensor:
+    """Σ ‖grad‖² over ``params`` as a float64 CPU scalar."""
+    norms = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
+    return torch.stack(norms).double().pow(2).sum().cpu() if norms else torch.zeros((), dtype=torch.float64)
+
+
+def _scale(params: list[nn.Parameter], coef: float) -> None:
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)

@@ -10,6 +10,7 @@ from torch import nn
 from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.sdp.components import model_components
 from slimpar.sdp.plan import Plan, load_mask_file, plan_components
+from slimpar.train.context import bound_timeout
 from slimpar.train.strategies.base import Strategy
 
 if TYPE_CHECKING:
@@ -88,7 +89,9 @@ class SDPStrategy(Strategy):
         if f > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
-            mesh = init_device_mesh(ctx.device.type, (ctx.world // f, f), mesh_dim_names=("sdp", "fsdp"))["fsdp"]
+            mesh2d = init_device_mesh(ctx.device.type, (ctx.world // f, f), mesh_dim_names=("sdp", "fsdp"))
+            bound_timeout(mesh2d, ctx.timeout)
+            mesh = mesh2d["fsdp"]
 
         def parallelize(m: nn.Module) -> None:
             """Fixed order: subnetwork (done) -> activation checkpointing -> FSDP2 per block, then root."""
@@ -98,7 +101,7 @@ class SDPStrategy(Strategy):
             if cfg.sdp.holder_shard:
                 from slimpar.sdp.holder_fsdp import shard_over_holders
 
-                shard_over_holders(m, self.plan, ctx.rank, ctx.device)
+                shard_over_holders(m, self.plan, ctx.rank, ctx.device, ctx.timeout)
             if mesh is not None:
                 from torch.distributed.fsdp import fully_shard
 
@@ -108,7 +111,7 @@ class SDPStrategy(Strategy):
 
         self.wrapper = SubnetworkDataParallel(model, self.plan, regime=cfg.sdp.regime, group=ctx.group,
                                               refresh_every=cfg.sdp.refresh_every, fsdp=f, parallelize=parallelize,
-                                              fsdp_does_averaging=cfg.sdp.holder_shard)
+                                              fsdp_does_averaging=cfg.sdp.holder_shard, timeout=ctx.timeout)
         self.module = self.wrapper
         self._full: nn.Module | None = None
         self._data = None  # the run's data, for BatchNorm recalibration at evaluation

@@ -1,0 +1,60 @@
+"""``slimpar export --hf RUN OUT``: a finished run as a Hugging Face LLaMA folder.
+
+OUT gets ``config.json``, ``model.safetensors`` with HF parameter names, and the run's tokenizer as
+``tokenizer.json`` + ``tokenizer_config.json``, so that ``LlamaForCausalLM.from_pretrained(OUT)`` and
+``AutoTokenizer.from_pretrained(OUT)`` load it without slimpar.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from slimpar.config import ConfigError, load_config
+from slimpar.data.tokenizer import EOT
+from slimpar.models.hf_llama import HFFormatError, save_hf
+from slimpar.train.build import llama_config
+from slimpar.train.checkpoint import load_safetensors
+from slimpar.train.run_files import TOKENIZER_FILE
+
+
+def export_hf(run_dir: Path, out_dir: Path) -> list[Path]:
+    """Write the HF folder; refuses a non-LLaMA run, a run without an export, or a non-empty OUT."""
+    cfg_path, weights = run_dir / "config.toml", run_dir / "model.safetensors"
+    for p in (cfg_path, weights):
+        if not p.is_file():
+            raise ConfigError(f"{p} not found: RUN must be a finished `slimpar train` folder with an export "
+                              "(checkpoint.export = true)")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ConfigError(f"{out_dir} exists and is not empty; choose a new folder for the export")
+    cfg = load_config(cfg_path)
+    if cfg.model.arch != "llama":
+        raise ConfigError(f"only LLaMA runs export to the Hugging Face format (this run: {cfg.model.arch})")
+    state = load_safetensors(weights)
+    lc = llama_config(cfg, vocab_size=state["tok_embeddings.weight"].shape[0])
+    try:
+        written = save_hf(state, lc, out_dir)
+    except HFFormatError as e:
+        raise ConfigError(f"{weights}: {e}") from None
+    tokenizer = run_dir / TOKENIZER_FILE
+    if tokenizer.is_file():
+        written += _write_tokenizer(tokenizer, out_dir, lc.max_seq_len)
+    return written
+
+
+def _write_tokenizer(tokenizer: Path, out_dir: Path, max_len: int) -> list[Path]:
+    shutil.copyfile(tokenizer, out_dir / "tokenizer.json")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOT, "bos_token": EOT,
+              "unk_token": EOT, "model_max_length": max_len, "clean_up_tokenization_spaces": False}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return [out_dir / "tokenizer.json", out_dir / "tokenizer_config.json"]
+
+
+def export_command(run: str, out: str) -> int:
+    written = export_hf(Path(run), Path(out))
+    for p in written:
+        print(f"wrote {p}")
+    if not any(p.name == "tokenizer.json" for p in written):
+        print("note: the run kept no tokenizer (pre-tokenized data); the export has none")
+    return 0

@@ -1,0 +1,46 @@
+"""The CLI explains itself: ``train --help`` lists every config field; packaged configs are found by name."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from slimpar.config import Config, ConfigError, load_config, resolve_config_path, to_dict
+
+
+def _leaves(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"--{prefix}{k}"]
+    return out
+
+
+def _slimpar(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slimpar", *args], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
+
+
+def test_train_help_lists_every_field_with_default_and_comment(tmp_path):
+    proc = _slimpar("train", "--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    for key in _leaves(to_dict(Config())):
+        (i,) = [i for i, ln in enumerate(lines) if ln.strip().startswith(key + " ")]
+        assert " = " in lines[i], lines[i]  # the default
+        assert lines[i + 1].strip(), f"{key} has no comment"
+    assert '--train.lr FLOAT = 0.003' in proc.stdout and "llama_tiny" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["llama_tiny", "llama_tiny.toml", "configs/llama_tiny.toml"])
+def test_packaged_config_by_name_outside_the_repository(tmp_path, name):
+    proc = _slimpar("plan", "--config", name, "--parallel.workers", "2", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["connected"] is True
+
+
+def test_unknown_config_names_the_packaged_ones(tmp_path):
+    with pytest.raises(ConfigError, match="llama_small"):
+        resolve_config_path("llama_huge")
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
