@@ -1,4 +1,4 @@
-"""``slimpar bench sdp|mapl [--quick] --out DIR``."""
+"""``slimpar bench sdp|mapl [--quick] --out DIR`` and ``slimpar bench plans --out DIR``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,11 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
     if args.which == "sdp" and args.device != "cpu":
         raise ConfigError("slimpar bench sdp needs one process per worker; on one GPU use "
                           "python -m slimpar.bench.gpu (the per-worker memory probe)")
-    if args.which == "sdp":
+    if args.which == "plans":
+        from slimpar.bench.plan_sim import bench_plans
+
+        data = bench_plans(out)
+    elif args.which == "sdp":
         from slimpar.bench.sdp import bench_sdp
 
         data = bench_sdp(out, args.quick, args.steps, _names(args.rows), jobs=args.jobs)

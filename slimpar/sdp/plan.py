@@ -9,6 +9,7 @@ use maskable components only (shared parameters, held by all, would connect ever
 - W = D_w^-1 M D_c^-1 M^T (row-stochastic); spectral gap rho = 1 - lambda_2(W) from the similar
   symmetric D_w^-1/2 M D_c^-1 M^T D_w^-1/2; rho > 0 iff connected; rho = 1 for N = 1;
 - masking error = sum_c (1/k_c - 1/N) / K (excess gradient variance at unit sigma_c^2).
+They live in ``graph.py`` (near-linear in N: union-find, the smaller of the two Gram matrices).
 
 Assignment rules (``weights`` w_c are component bytes, FLOPs, counts or their normalised mean;
 W = sum w_c; C_i the keep fraction of worker i; S = sum_i C_i):
@@ -20,12 +21,20 @@ W = sum w_c; C_i the keep fraction of worker i; S = sum_i C_i):
   within one component, and neighbouring runs overlap when CN > 1. With heterogeneous C the
   staggered layout can miss coverage; then (or when it is disconnected) the wrapped layout
   a_i = W P_i (McNaughton's wrap-around) is used, which covers every point floor(S) times.
-  If neither layout is connected, the covered one is joined up by ``_connect`` (cheapest links).
+  If neither layout is connected, the covered one is joined up by ``connect_by_adding`` (cheapest links).
 - random: k_c = floor(S) for every c, plus one for a seeded random subset of components whose
   weight sums to about (S - floor(S)) W; k_c is raised to min_holders. Components are placed
   heaviest first (random tie-break) on the k_c workers with the largest remaining deficit
-  C_i W - load_i (random tie-break); a disconnected result (or an empty worker) is joined up by
-  ``_connect``.
+  C_i W - load_i (random tie-break). A disconnected result is joined up by swaps
+  (``connect_by_swaps``), which keep every worker's count and every k_c: while two parts exist and
+  one has a cycle, an edge (i, c) on that cycle and an edge (j, d) of another part become (i, d) and
+  (j, c), merging the two parts. A connected graph with those counts exists iff every worker holds
+  a component and sum_c k_c >= N + K - 1 (then some part has a cycle while the graph is
+  disconnected), so swaps always suffice then; otherwise (an empty worker, too few slots) the
+  missing links are added by ``connect_by_adding``, the fewest that connect the graph.
+  ``holder_sets=G`` bounds the process groups: the components go into G bundles of nearly equal
+  weight (``bundles``), the bundles are placed by the rule above, and a component gets its
+  bundle's holders, so there are at most G distinct holder sets.
 - explicit: a user mask, validated.
 """
 
@@ -34,56 +43,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
 from torch import nn
 
+from slimpar.sdp.assign import bundles, connect_by_adding, connect_by_swaps, cyclic_mask, random_mask
 from slimpar.sdp.components import Component, PlanError, model_components
+from slimpar.sdp.graph import (
+    averaging_operator,
+    mask_connected,
+    masking_error,
+    spectral_gap,
+)
 
 __all__ = ["Plan", "PlanError", "plan_components", "plan_blocks", "plan_neurons", "load_mask_file",
            "analytic_bytes_per_step", "averaging_operator", "spectral_gap", "mask_connected", "masking_error"]
-
-
-def averaging_operator(mask: np.ndarray) -> np.ndarray:
-    """W = D_w^-1 M D_c^-1 M^T (N x N, row-stochastic) for a mask without empty rows or columns."""
-    m = mask.astype(np.float64)
-    return (m / m.sum(1, keepdims=True)) @ (m / m.sum(0, keepdims=True)).T
-
-
-def spectral_gap(mask: np.ndarray) -> float:
-    """rho = 1 - lambda_2(W) via eigvalsh of the symmetric D_w^-1/2 M D_c^-1 M^T D_w^-1/2."""
-    m = mask.astype(np.float64)
-    if m.shape[0] == 1:
-        return 1.0
-    if not mask_connected(mask):
-        return 0.0
-    a = (m / np.sqrt(m.sum(1, keepdims=True))) / np.sqrt(m.sum(0, keepdims=True))  # (N, K)
-    lam = np.linalg.eigvalsh(a @ a.T)  # ascending, all in [0, 1]
-    return float(max(0.0, 1.0 - lam[-2]))
-
-
-def worker_parts(mask: np.ndarray) -> list[int]:
-    """Each worker's part of the worker-component graph, labelled by its lowest rank: transitive
-    closure of "shares a component" (repeated squaring of the N x N reachability matrix)."""
-    m = mask.astype(np.int64)
-    reach = (m @ m.T > 0) | np.eye(len(m), dtype=bool)
-    while not np.array_equal(nxt := (reach.astype(np.int64) @ reach) > 0, reach):
-        reach = nxt
-    return [int(np.argmax(row)) for row in reach]
-
-
-def mask_connected(mask: np.ndarray) -> bool:
-    """True iff all N workers are linked through commonly held components (a worker without
-    components is isolated)."""
-    return len(set(worker_parts(mask))) == 1
-
-
-def masking_error(mask: np.ndarray) -> float:
-    """sum_c (1/k_c - 1/N) / K: 0 for DDP (all ones), larger for sparser holder sets."""
-    k = mask.sum(0).astype(np.float64)
-    return float(np.mean(1.0 / k - 1.0 / mask.shape[0]))
 
 
 @dataclass(eq=False)
@@ -134,13 +109,21 @@ class Plan:
     @property
     def bytes_per_worker(self) -> list[int]:
         """Parameter bytes resident on each worker: shared + held components."""
-        return [self.shared_bytes + sum(c.param_bytes for c in self.held(r)) for r in range(self.world_size)]
+        b = np.array([c.param_bytes for c in self.components], dtype=np.int64)
+        return [self.shared_bytes + int(x) for x in self.mask.astype(np.int64) @ b]
+
+    def holder_sets(self) -> list[tuple[int, ...]]:
+        """S_c for every component, in component order."""
+        sets: list[list[int]] = [[] for _ in self.components]
+        for c, r in zip(*(x.tolist() for x in np.nonzero(self.mask.T)), strict=True):
+            sets[c].append(r)
+        return [tuple(s) for s in sets]
 
     @property
     def distinct_holder_sets(self) -> list[tuple[int, ...]]:
         """Every distinct S_c, sorted lexicographically: the same order on every rank, so process
         groups can be created from it collectively. Singletons need no collective."""
-        return sorted({self.holders(c) for c in range(len(self.components))})
+        return sorted(set(self.holder_sets()))
 
     @property
     def connected(self) -> bool:
@@ -181,8 +164,8 @@ class Plan:
         lines += [f"{r:>4}  {int(self.mask[r].sum()):>5}  {ci:>6.3f}  {cb:>10.3f}  {nb:>14,}"
                   for r, (ci, cb, nb) in enumerate(per_worker)]
         lines.append(f"{'component':<{width}}  k_c         bytes  holders")
-        lines += [f"{c.name:<{width}}  {len(self.holders(i)):>3}  {c.param_bytes:>12,}  {list(self.holders(i))}"
-                  for i, c in enumerate(self.components)]
+        lines += [f"{c.name:<{width}}  {len(hs):>3}  {c.param_bytes:>12,}  {list(hs)}"
+                  for c, hs in zip(self.components, self.holder_sets(), strict=True)]
         lines.append(f"shared bytes {self.shared_bytes:,}; distinct holder sets {len(self.distinct_holder_sets)}; "
                      f"connected {self.connected}; spectral gap {self.spectral_gap:.4f}; "
                      f"masking error {self.masking_error:.4f}")
@@ -256,80 +239,27 @@ def _weights(components: list[Component], balance: str) -> list[Fraction]:
     return w
 
 
-def _arc_mask(w: list[Fraction], keep: list[Fraction], stretch: Fraction) -> np.ndarray:
-    """Worker i holds the components whose arc midpoints lie in [a_i, a_i + C_i W) on the circle
-    of circumference W, with a_i = W (C_0 + .. + C_{i-1}) * stretch; an arc that holds no midpoint
-    takes the component under its centre."""
-    total = sum(w)
-    ends = list(accumulate(w))
-    mids = [e - x / 2 for e, x in zip(ends, w, strict=True)]
-    mask = np.zeros((len(keep), len(w)), dtype=np.uint8)
-    start = Fraction(0)
-    for i, c_i in enumerate(keep):
-        a, length = total * start * stretch, c_i * total
-        for c, m in enumerate(mids):
-            mask[i, c] = (m - a) % total < length
-        if not mask[i].any():
-            centre = (a + length / 2) % total
-            mask[i, next(c for c, e in enumerate(ends) if centre < e)] = 1
-        start += c_i
-    return mask
-
-
-def _connect(mask: np.ndarray, w: list[Fraction]) -> np.ndarray:
-    """Join the graph's parts: while disconnected, add the cheapest cross link, the (worker i,
-    component c) pair with i outside c's part minimising (w_c, cyclic index distance from c to i's
-    held components, load_i, i, c), which extends a run where it can. In place."""
-    n, k = mask.shape
-    wf, idx = np.array([float(x) for x in w]), np.arange(k)
-    gap = np.minimum(np.abs(idx[:, None] - idx), k - np.abs(idx[:, None] - idx))  # (K, K)
-    while not mask_connected(mask):
-        part = np.array(worker_parts(mask))
-        ii, cc = np.nonzero(part[:, None] != part[mask.argmax(0)][None, :])  # i outside c's part
-        dist = np.where(mask[:, None, :] > 0, gap[None], k).min(2)  # (N, K)
-        best = np.lexsort((cc, ii, (mask @ wf)[ii], dist[ii, cc], wf[cc]))[0]
-        mask[ii[best], cc[best]] = 1
-    return mask
-
-
-def _cyclic_mask(w: list[Fraction], keep: list[Fraction], min_holders: int) -> np.ndarray:
-    """Staggered layout (stretch 1/S) unless it misses coverage or connectivity; then the wrapped
-    layout (stretch 1), which always covers every component floor(S) >= min_holders times."""
-    staggered, wrapped = _arc_mask(w, keep, 1 / sum(keep)), _arc_mask(w, keep, Fraction(1))
-    candidates = [m for m in (staggered, wrapped) if m.sum(0).min() >= min_holders]
-    connected = [m for m in candidates if mask_connected(m)]
-    return connected[0] if connected else _connect(candidates[0], w)
-
-
-def _random_mask(w: list[Fraction], keep: list[Fraction], min_holders: int, seed: int) -> np.ndarray:
-    """Balanced random with a coverage guarantee; see the module docstring."""
-    rng = np.random.default_rng(seed)
-    n, k, s = len(keep), len(w), sum(keep)
-    wf = np.array([float(x) for x in w])
-    base, frac = int(s), float(s - int(s))
-    k_c = np.full(k, base)
-    acc = 0.0
-    for c in rng.permutation(k):  # one extra holder for ~frac of the weight (midpoint rule)
-        if acc + wf[c] / 2 <= frac * wf.sum():
-            k_c[c] += 1
-        acc += wf[c]
-    k_c = np.clip(np.maximum(k_c, min_holders), 1, n)
-    target = np.array([float(c) for c in keep]) * wf.sum()
-    load, keys, mask = np.zeros(n), rng.random((k, n)), np.zeros((n, k), dtype=np.uint8)
-    for c in np.lexsort((rng.random(k), -wf)):  # heaviest first, random tie-break
-        pick = np.lexsort((keys[c], -(target - load)))[: k_c[c]]
-        mask[pick, c] = 1
-        load[pick] += wf[c]
-    return mask
+def _random_plan(w: list[Fraction], keep: list[Fraction], min_holders: int, seed: int,
+                 holder_sets: int | None) -> np.ndarray:
+    """Random placement of components (or of at most ``holder_sets`` bundles of them), joined up."""
+    groups = bundles(w, holder_sets, seed) if holder_sets and holder_sets < len(w) else [[c] for c in range(len(w))]
+    gw = [sum((w[c] for c in g), Fraction(0)) for g in groups]
+    gm = connect_by_adding(connect_by_swaps(random_mask(gw, keep, min_holders, seed), gw, seed), gw)
+    m = np.zeros((len(keep), len(w)), dtype=np.uint8)
+    for j, g in enumerate(groups):
+        m[:, g] = gm[:, [j]]
+    return m
 
 
 def plan_components(components: list[Component], shared_bytes: int, world_size: int,
                     keep: float | Sequence[float] | None = None, min_holders: int = 1,
                     assignment: str = "cyclic", seed: int = 0, mask: np.ndarray | None = None,
                     balance: str = "bytes", *, shared_params: Sequence[str] = (),
-                    shared_numel: int | None = None) -> Plan:
+                    shared_numel: int | None = None, holder_sets: int | None = None) -> Plan:
     """Assign components to ``world_size`` workers (cyclic, random or explicit; see the module
-    docstring). ``keep`` is C or one C_i per worker (ignored for explicit masks)."""
+    docstring). ``keep`` is C or one C_i per worker (ignored for explicit masks). ``holder_sets``
+    (random only) bounds the distinct holder sets, i.e. the process groups: the components are
+    bundled into that many bundles of nearly equal weight, and each bundle is placed as one."""
     if world_size < 1:
         raise PlanError(f"world_size must be >= 1, got {world_size}")
     if not components:
@@ -337,6 +267,8 @@ def plan_components(components: list[Component], shared_bytes: int, world_size: 
     if not 1 <= min_holders <= world_size:
         why = f"exceeds world_size={world_size}" if min_holders > 1 else "must be >= 1 (coverage)"
         raise PlanError(f"min_holders={min_holders} {why}")
+    if holder_sets is not None and (assignment != "random" or int(holder_sets) != holder_sets or holder_sets < 1):
+        raise PlanError(f"holder_sets={holder_sets!r}: a positive integer, with assignment='random' only")
     if (assignment == "explicit") != (mask is not None):
         raise PlanError(f"assignment={assignment!r} with mask={'given' if mask is not None else None}: an "
                         "explicit N x K 0/1 mask (or load_mask_file(path)) goes with assignment='explicit'")
@@ -346,9 +278,9 @@ def plan_components(components: list[Component], shared_bytes: int, world_size: 
         fr = _validate_keep(keep, world_size, min_holders)
         w = _weights(components, balance)
         if assignment == "cyclic":
-            m = _cyclic_mask(w, fr, min_holders)
+            m = cyclic_mask(w, fr, min_holders)
         elif assignment == "random":
-            m = _connect(_random_mask(w, fr, min_holders, seed), w)
+            m = _random_plan(w, fr, min_holders, seed, holder_sets)
         else:
             raise PlanError(f"unknown assignment {assignment!r}; choose cyclic, random or explicit")
     return Plan(list(components), m, int(shared_bytes), seed, assignment, world_size,
@@ -356,7 +288,7 @@ def plan_components(components: list[Component], shared_bytes: int, world_size: 
 
 
 def _plan_model(model: nn.Module, level: str, groups: int, world_size: int, keep, kw: dict) -> Plan:
-    extract_kw = {k: kw.pop(k) for k in ("input_shape",) if k in kw}
+    extract_kw = {k: kw.pop(k) for k in ("input_shape", "blocks") if k in kw}
     comps, shared, shared_bytes = model_components(model, level, groups, **extract_kw)
     numel = sum(p.numel() for n, p in model.named_parameters() if n in shared)
     return plan_components(comps, shared_bytes, world_size, keep, shared_params=shared, shared_numel=numel, **kw)
@@ -364,14 +296,16 @@ def _plan_model(model: nn.Module, level: str, groups: int, world_size: int, keep
 
 def plan_blocks(model: nn.Module, world_size: int, keep: float | Sequence[float] | None,
                 assignment: str = "cyclic", seed: int = 0, min_holders: int = 1, **kw) -> Plan:
-    """B-SDP plan: one component per maskable block (``model.layers`` or ``model.blocks``)."""
+    """B-SDP plan: one component per maskable block (``model.layers``, ``model.blocks``, a HF causal LM's
+    ``model.model.layers``, or any ``nn.ModuleList``/``ModuleDict`` named by ``blocks="path.to.blocks"``)."""
     kw.update(assignment=assignment, seed=seed, min_holders=min_holders)
     return _plan_model(model, "block", 1, world_size, keep, kw)
 
 
 def plan_neurons(model: nn.Module, world_size: int, keep: float | Sequence[float] | None, groups: int = 4,
                  assignment: str = "cyclic", seed: int = 0, min_holders: int = 1, **kw) -> Plan:
-    """N-SDP plan: ``groups`` hidden-unit groups per FFN (LLaMA) or inner-channel groups (ResNet)."""
+    """N-SDP plan: ``groups`` hidden-unit groups per SwiGLU FFN (slimpar's LLaMA; HF LLaMA, Mistral and Qwen2's
+    gate/up/down projections, with ``blocks="model.layers"``) or inner-channel groups (ResNet)."""
     kw.update(assignment=assignment, seed=seed, min_holders=min_holders)
     return _plan_model(model, "neuron", groups, world_size, keep, kw)
 
@@ -389,8 +323,10 @@ def analytic_bytes_per_step(plan: Plan, rank: int, elem_bytes: int | None = 4) -
         return nbytes if elem_bytes is None else numel * elem_bytes
 
     n, per_set = plan.world_size, {}
-    for c in (c for c in plan.held(rank) if len(plan.holders(c)) > 1):
-        per_set[plan.holders(c)] = per_set.get(plan.holders(c), 0) + size(c.elements, c.param_bytes)
+    for col in np.flatnonzero(plan.mask[rank]).tolist():
+        c, hs = plan.components[col], plan.holders(col)
+        if len(hs) > 1:
+            per_set[hs] = per_set.get(hs, 0) + size(c.elements, c.param_bytes)
     shared = size(plan.shared_numel, plan.shared_bytes) if n > 1 else 0
     everything = size(plan.shared_numel, plan.shared_bytes) + sum(size(c.elements, c.param_bytes)
                                                                   for c in plan.components)

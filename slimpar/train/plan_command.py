@@ -13,7 +13,7 @@ from slimpar.train.validate_sdp import meta_model
 
 
 def plan_command(args: argparse.Namespace, rest: list[str]) -> int:
-    cfg = load_run_config(args.config or str(DEFAULT_CONFIG), ["--parallel.mode", "sdp", *rest])
+    cfg = load_run_config(args.config or str(DEFAULT_CONFIG), ["--parallel.mode", "sdp", *rest], training=False)
     workers = cfg.parallel.workers // cfg.sdp.fsdp
     plan = plan_from_config(cfg, meta_model(cfg), workers)
     report = plan.report()

@@ -45,7 +45,8 @@ def tiny() -> Llama:
 
 # ----- graph metrics ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n,k,keep,seed", [(3, 5, 0.5, 0), (4, 8, 0.4, 1), (6, 7, 0.6, 2), (8, 16, 0.3, 3)])
+@pytest.mark.parametrize("n,k,keep,seed", [(3, 5, 0.5, 0), (4, 8, 0.4, 1), (6, 7, 0.6, 2), (8, 16, 0.3, 3),
+                                           (16, 4, 0.5, 4), (12, 3, 0.4, 5), (5, 1, 0.6, 6), (40, 7, 0.3, 7)])
 def test_spectral_gap_matches_dense_eigensolver(n, k, keep, seed):
     rng = np.random.default_rng(seed)
     plan = plan_components(_comps(list(rng.integers(10, 100, k))), 0, n, keep, assignment="random", seed=seed)
@@ -62,6 +63,24 @@ def test_spectral_gap_of_random_explicit_masks():
         plan = plan_components(_comps([1] * 6), 0, 5, assignment="explicit", mask=mask)
         assert plan.spectral_gap == pytest.approx(_dense_gap(mask), abs=1e-9)
         assert (plan.spectral_gap > 1e-9) == plan.connected
+
+
+def test_worker_parts_match_scipy_components():
+    """Union-find parts (labelled by lowest rank) against scipy's connected components of the
+    bipartite graph, on sparse random masks of every shape (tall, wide, empty rows/columns)."""
+    from scipy.sparse import bmat, csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    from slimpar.sdp.graph import worker_parts
+
+    rng = np.random.default_rng(3)
+    for _ in range(60):
+        n, k = rng.integers(1, 40, 2)
+        mask = (rng.random((n, k)) < rng.uniform(0.01, 0.3)).astype(np.uint8)
+        _, labels = connected_components(bmat([[None, csr_matrix(mask)], [csr_matrix(mask.T), None]]))
+        first = {}
+        expected = [first.setdefault(lab, i) for i, lab in enumerate(labels[:n])]
+        assert worker_parts(mask) == expected
 
 
 def test_disconnected_mask_has_zero_gap_and_connected_positive():
