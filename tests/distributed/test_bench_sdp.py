@@ -16,7 +16,7 @@ def test_quick_sdp_benchmark(tmp_path):
     data = json.loads((out / "results.json").read_text())
     assert {"date", "git_commit", "versions", "machine"} <= set(data["meta"])
     lines = {ln["row"]: ln for ln in data["lines"]}
-    assert {"DDP", "FSDP2", "B-SDP 0.5", "N-SDP 0.5", "Bb-SDP 0.5"} <= set(lines)
+    assert {"DDP", "B-SDP 0.5", "Bb-SDP 0.5"} <= set(lines)
     for ln in lines.values():
         assert math.isfinite(ln["val_loss"]) and ln["peak_mem_bytes"] > 0
     b = lines["B-SDP 0.5"]
@@ -24,7 +24,6 @@ def test_quick_sdp_benchmark(tmp_path):
     assert b["comm_bytes_per_step"] == b["plan_floor_bytes"]  # exactly the plan's holder-group bytes
     assert b["comm_bytes_per_step_vs_ddp"] < 0.7
     assert lines["Bb-SDP 0.5"]["mem_breakdown"]["grads"] < lines["DDP"]["mem_breakdown"]["grads"]
-    assert lines["FSDP2"]["mem_breakdown"]["params"] < lines["DDP"]["mem_breakdown"]["params"] / 3
     assert 0 < b["spectral_gap"] <= 1
     throttled = data["throttled"]
     assert {t["row"] for t in throttled} == {"DDP", "B-SDP 0.5"} and all(t["step_time_s"] > 0 for t in throttled)
