@@ -8,26 +8,45 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from slimpar.config import DEFAULT_CONFIG, Config, ConfigError, config_help
 
 
+class _Default(str):
+    """A flag's default value that can be told apart from the same value given explicitly."""
+
+
+_AUTO = _Default("auto")
+
+
 def _train(args: argparse.Namespace, rest: list[str]) -> int:
+    """Load, adopt torchrun's world size, validate once, choose the run folder, launch.
+
+    Nothing is deleted before validation has passed: ``--fresh`` clears the old run's outputs in
+    :func:`slimpar.train.launch.prepare_out_dir`, after every check.
+    """
     config = args.config or str(DEFAULT_CONFIG)
-    from slimpar.train.validate import load_run_config
+    from slimpar.config import load_config
+    from slimpar.train.validate import validate
 
-    cfg = load_run_config(config, rest + (["--checkpoint.resume", "true"] if args.resume else []))
+    extra = ["--checkpoint.resume", "false"] if args.fresh else []
+    if args.resume is not _AUTO:  # an explicit --resume [auto] wins over a config's resume = false
+        extra = ["--checkpoint.resume", "true"]
+    if args.max_restarts is not None:
+        extra += ["--parallel.max_restarts", str(args.max_restarts)]
+    cfg = load_config(config, rest + extra)  # the flags win over the same keys given as overrides
     cfg = _join_torchrun(cfg)
-    out = Path(args.out or f"runs/{Path(config).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    from slimpar.train.launch import launch
+    validate(cfg)  # after the world size is known: under torchrun it is WORLD_SIZE
+    from slimpar.train.launch import default_run_folder, launch
 
+    out = Path(args.out) if args.out else default_run_folder(config)
     launch(cfg, out)
     return 0
 
 
 def _join_torchrun(cfg: Config) -> Config:
+    """Under torchrun, ``parallel.workers`` is the group's WORLD_SIZE (validated afterwards, by ``_train``)."""
     import os
 
     from slimpar.train.launch import under_torchrun
@@ -37,13 +56,16 @@ def _join_torchrun(cfg: Config) -> Config:
         if cfg.parallel.workers != world and int(os.environ.get("RANK", "0")) == 0:
             print(f"note: joining the torchrun group of {world} processes (parallel.workers = {world})")
         cfg.parallel.workers = world
-        from slimpar.train.validate import validate
-
-        validate(cfg)
     return cfg
 
 
 def _eval(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.lm_eval:
+        if rest:
+            raise ConfigError(f"unexpected arguments with --lm-eval: {' '.join(rest)}")
+        from slimpar.train.lm_eval_run import lm_eval_command
+
+        return lm_eval_command(args.run, args.lm_eval, args.limit)
     from slimpar.train.evaluate_run import evaluate_run
 
     evaluate_run(Path(args.run), rest)
@@ -78,10 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a model; every config field below can be overridden.", **fields)
     t.add_argument("--config", help="TOML file or packaged config name (default: the embedded default)")
     t.add_argument("--out", help="run folder for metrics, checkpoints and the summary")
-    t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    start = t.add_mutually_exclusive_group()
+    start.add_argument("--resume", nargs="?", const="auto", default=_AUTO, choices=["auto"],
+                       help="auto (the default): continue from the newest complete checkpoint in --out if it "
+                            "holds one, else start at step 0; metrics.jsonl is cut back to that checkpoint's step")
+    start.add_argument("--fresh", action="store_true",
+                       help="start over in --out: after validation passes, delete its checkpoints/, metrics.jsonl, "
+                            "summary.json, model.safetensors, manifest.json and eval.json (the config's "
+                            "checkpoint.resume = false)")
+    t.add_argument("--max-restarts", dest="max_restarts", type=int, metavar="N",
+                   help="restart all workers after a failure (a killed or hung worker) up to N times; each restart "
+                        "resumes from the newest checkpoint (the config's parallel.max_restarts; under torchrun "
+                        "use its own --max-restarts)")
     t.set_defaults(func=_train)
     e = sub.add_parser("eval", help="evaluate a finished run folder")
     e.add_argument("--run", required=True, help="run folder written by slimpar train")
+    e.add_argument("--lm-eval", dest="lm_eval", metavar="TASKS",
+                   help="evaluate with lm-evaluation-harness instead: 'slimpar' (all local tasks: shakespeare_bpb, "
+                        "wikipedia_bpb, shakespeare_nextline) and/or lm-eval task names found in the local cache")
+    e.add_argument("--limit", type=int, help="with --lm-eval: at most this many documents per task")
     e.set_defaults(func=_eval)
     x = sub.add_parser("export", help="write a finished run in another format (Hugging Face LLaMA)")
     x.add_argument("--hf", nargs=2, metavar=("RUN", "OUT"), required=True,
@@ -92,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the report as one JSON object")
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
-    b.add_argument("which", choices=["sdp", "mapl", "plans"])
+    b.add_argument("which", choices=["sdp", "mapl", "plans", "wallclock"])
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
     b.add_argument("--out", required=True, help="folder for results.json, report.md and plots")
     b.add_argument("--steps", type=int, default=100, help="training steps per row of the full benchmark")
@@ -104,6 +141,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _preflight(args: argparse.Namespace) -> None:
+    """Checks of the run folder that must happen before any process starts or any file is written:
+    ``--out`` must be a folder, and the checkpoint a resume would load must verify (manifest, trainer.json)."""
+    if args.command != "train" or not getattr(args, "out", None):
+        return
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {args.out!r} exists and is not a folder; give a run folder")
+    resume = getattr(args, "resume", False)
+    if resume and str(resume).lower() not in ("false", "no", "never", "0") and not getattr(args, "fresh", False):
+        from slimpar.train.checkpoint import check_resume
+
+        check_resume(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -111,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        _preflight(args)
         return args.func(args, rest)
     except ConfigError as e:
         print(f"slimpar: error: {e}", file=sys.stderr)

@@ -66,6 +66,7 @@ class DataConfig:
     image_dir: str = ""  # folder holding CIFAR's python-pickle batches (cifar10/cifar100 only)
     augment: bool = True  # image models: random crop and flip
     cache_dir: str = ""  # tokenizer and token caches; empty = $SLIMPAR_CACHE or ~/.cache/slimpar
+    encoding: str = "utf-8"  # encoding of the text files at data.path (e.g. latin-1); text it cannot decode is an error
 
 
 @dataclass
@@ -94,6 +95,7 @@ class ParallelConfig:
     backend: str = "auto"  # auto (gloo on CPU, nccl on GPU) | gloo | nccl
     device: str = "cpu"  # cpu | cuda
     timeout_s: float = 300  # seconds a collective may wait for a peer before the run fails (hung worker)
+    max_restarts: int = 0  # restart all workers after a failure up to N times; each resumes (torchrun: its own flag)
 
 
 @dataclass
@@ -107,12 +109,14 @@ class SDPConfig:
     groups: int = 0  # neuron level: number of neuron/channel groups per layer; 0 = default
     regime: str = "forward"  # forward (run the subnetwork) | backward (full forward, masked gradients)
     refresh_every: int = 1  # backward regime: refresh non-held copies from a holder every T steps
-    check_every: int = 0  # verify holders' replicas are bit-identical every K steps; 0 = never
+    check_every: int = 50  # verify holders' replicas are bit-identical (BLAKE2b of the bytes) every K steps; 0 = never
     flop_matched: bool = False  # scale the number of steps by 1/keep
     eval_rescale: str = "none"  # none | survival (scale block residuals by keep at evaluation)
     bn_recalibrate: int = 0  # re-estimate the full model's BatchNorm statistics on N training batches before eval
     fsdp: int = 1  # shard each worker's subnetwork over this many ranks with FSDP2 (2-D layout)
     holder_shard: bool = False  # FSDP2-shard every block over its own holder group (its averaging is FSDP's)
+    virtual: bool = False  # simulate the SDP workers one after another in one process (parallel.workers = 1)
+    virtual_workers: int = 4  # sdp.virtual: the number N of simulated workers (the plan's world size)
 
 
 @dataclass
@@ -160,8 +164,11 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0  # DCP checkpoint every N steps; 0 = only at the end
-    resume: bool = False  # continue from the newest checkpoint in OUT/checkpoints
+    # every = 100: a crash loses at most 100 steps (minutes on a CPU), while a save costs about one step of
+    # llama_small, so checkpoints take ~1% of the run; the packaged runs of <= 100 steps save only at the end.
+    every: int = 100  # DCP checkpoint every N steps (a crash loses at most N steps); 0 = only at the end
+    resume: bool = True  # auto: continue from the newest complete checkpoint in OUT; false = start over (--fresh)
+    keep_last: int = 2  # after each save keep the newest N checkpoints, delete older ones; 0 = keep all
     export: bool = True  # write the full model to OUT/model.safetensors at the end
     final: bool = True  # write a DCP checkpoint at the end
 
@@ -171,6 +178,7 @@ class LogConfig:
     every: int = 10  # write a metrics.jsonl line every N steps
     measure_step: int = 2  # the step whose memory and bytes are instrumented (exact accounting)
     progress: bool = True  # progress bar and summary table on rank 0
+    tensorboard: bool = False  # also log scalars to OUT/tensorboard (needs the extra slimpar[tensorboard])
 
 
 @dataclass
@@ -189,6 +197,8 @@ class Config:
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Convert a TOML or command-line value to the field's declared type, or raise ConfigError."""
     origin = typing.get_origin(tp)
+    if isinstance(value, dict):
+        raise ConfigError(f"'{where}' is a value, not a section; give it as {where} = <value>")
     if origin is list:
         (inner,) = typing.get_args(tp)
         if isinstance(value, str):
@@ -196,6 +206,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
         return [_coerce(v, inner, where) for v in value]
+    if isinstance(value, list):
+        kind = "true or false" if tp is bool else f"one {getattr(tp, '__name__', tp)}"
+        raise ConfigError(f"{where}: expected {kind}, got the list {value!r}; give a single value")
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -209,7 +222,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             if tp is int and isinstance(value, float) and not value.is_integer():
                 raise ValueError
             return tp(value) if not isinstance(value, str) else tp(float(value) if tp is float else int(value))
-        except ValueError:
+        except (ValueError, TypeError, OverflowError):
             raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}") from None
     if tp is str:
         if not isinstance(value, str):
@@ -286,9 +299,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         p = resolve_config_path(path)
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_bytes().decode("utf-8"))
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {str(p)!r}: {e.strerror or e}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}); TOML files are UTF-8: re-save it as UTF-8") \
+                from None
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{p}: not valid TOML ({e})") from None
+            raise ConfigError(f"{p}: not valid TOML ({e}); fix the line it names") from None
         _apply(cfg, data, "")
     _apply(cfg, parse_overrides(overrides or []), "")
     return cfg

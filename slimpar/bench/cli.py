@@ -1,4 +1,4 @@
-"""``slimpar bench sdp|mapl [--quick] --out DIR`` and ``slimpar bench plans --out DIR``."""
+"""``slimpar bench sdp|mapl|wallclock [--quick] --out DIR`` and ``slimpar bench plans --out DIR``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,17 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
     if args.which == "sdp" and args.device != "cpu":
         raise ConfigError("slimpar bench sdp needs one process per worker; on one GPU use "
                           "python -m slimpar.bench.gpu (the per-worker memory probe)")
-    if args.which == "plans":
+    if args.which == "wallclock" and args.device != "cpu":
+        raise ConfigError("slimpar bench wallclock times gloo workers on CPU over throttled links; drop --device")
+    if args.which == "wallclock":
+        import os
+
+        if os.geteuid() != 0:
+            raise ConfigError("slimpar bench wallclock builds network namespaces and needs root")
+        from slimpar.bench.wallclock import bench_wallclock
+
+        data = bench_wallclock(out, args.quick, _names(args.rows))
+    elif args.which == "plans":
         from slimpar.bench.plan_sim import bench_plans
 
         data = bench_plans(out)

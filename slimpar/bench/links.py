@@ -290,8 +290,11 @@ def _worker_env(net: ThrottledNetwork, i: int, world: int, port: int) -> dict[st
     return env
 
 
-def _wait_all(procs: list[subprocess.Popen], logs: Path, timeout_s: float) -> None:
-    """Wait for every worker; on the first failure or at the deadline kill them all and raise."""
+def _wait_all(procs: list[subprocess.Popen], logs: Path, timeout_s: float, name: str = "worker",
+              stem: str = "rank") -> None:
+    """Wait for every worker; on the first failure or at the deadline kill them all and raise.
+
+    Process ``r``'s stderr is ``logs / f"{stem}{r}.err"``; ``name`` is what the messages call a process."""
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -299,13 +302,13 @@ def _wait_all(procs: list[subprocess.Popen], logs: Path, timeout_s: float) -> No
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 r = failed[0]
-                raise RuntimeError(f"worker {r} exited with {codes[r]}; its stderr:\n{_tail(logs / f'rank{r}.err')}")
+                raise RuntimeError(f"{name} {r} exited with {codes[r]}; its stderr:\n{_tail(logs / f'{stem}{r}.err')}")
             if all(c == 0 for c in codes):
                 return
             if time.monotonic() > deadline:
                 running = [r for r, c in enumerate(codes) if c is None]
-                raise RuntimeError(f"workers {running} timed out after {timeout_s:.0f} s; rank {running[0]} "
-                                   f"stderr:\n{_tail(logs / f'rank{running[0]}.err')}")
+                raise RuntimeError(f"{name}s {running} timed out after {timeout_s:.0f} s; {stem} {running[0]} "
+                                   f"stderr:\n{_tail(logs / f'{stem}{running[0]}.err')}")
             time.sleep(0.1)
     finally:
         _kill(procs)

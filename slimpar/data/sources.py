@@ -1,6 +1,8 @@
 """Cheap start-up checks that the data a config needs is installed, before any process starts.
 
-Only ``importlib.util.find_spec`` and file-system checks: nothing is imported, parsed or trained.
+Only ``importlib.util.find_spec`` and file-system checks: nothing is imported or trained. User data is
+looked at only where that is cheap: a ``.npy`` header, a ``.bin`` size, and the strict decoding of text
+files (and the values of token files) up to :data:`CHEAP_BYTES` in all.
 """
 
 from __future__ import annotations
@@ -73,6 +75,78 @@ def _check_user_path(d: DataConfig) -> None:
     if pretokenized and d.ood == "wikipedia" and d.tokenizer != "gpt2":
         _fail(f"data.path {d.path!r} holds token ids but data.tokenizer = {d.tokenizer!r} cannot encode the "
               "Wikipedia validation text; add --data.ood none (or --data.tokenizer gpt2 for GPT-2 ids)")
+    # a stream needs seq_len + 2 training tokens and a validation tail of seq_len + 1 (data.text.split_tail)
+    need = 2 * d.seq_len + 3
+    if pretokenized:
+        _check_token_file(d, path, need)
+    else:
+        _check_text_files(d, path, need)
+
+
+def _check_token_file(d: DataConfig, path: Path, need: int) -> None:
+    """The header of a .npy (dtype, shape) or the size of a .bin, and the values when the file is small."""
+    import numpy as np
+
+    if path.suffix == ".bin":
+        size = path.stat().st_size
+        if size % 2:
+            _fail(f"data.path {d.path!r}: a .bin token file holds uint16 ids (2 bytes each), but it has {size} "
+                  "bytes; give a file written as np.uint16 (nanoGPT style)")
+        count = size // 2
+    else:
+        try:
+            with open(path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(f)  # the header only (a literal, never unpickled)
+        except (ValueError, OSError, SyntaxError, TypeError, EOFError) as e:
+            _fail(f"data.path {d.path!r} is not a valid .npy file ({e}); give a 1-D integer array saved "
+                  "with np.save, or a .bin of uint16 ids")
+        if len(shape) != 1 or dtype.hasobject or not np.issubdtype(dtype, np.integer):
+            _fail(f"data.path {d.path!r} must hold a 1-D integer array of token ids, got {dtype} {shape}")
+        count = shape[0]
+    if count < need:
+        _fail(f"data.path {d.path!r} holds {count} tokens; data.seq_len = {d.seq_len} needs at least {need} "
+              "(training windows and a 5% validation tail): give more data or lower --data.seq_len")
+    if path.stat().st_size <= CHEAP_BYTES:  # reading the values is cheap: negative ids fail here, not in workers
+        try:
+            tokens = (np.memmap(path, dtype=np.uint16, mode="r") if path.suffix == ".bin"
+                      else np.load(path, mmap_mode="r", allow_pickle=False))
+        except (ValueError, OSError) as e:
+            _fail(f"data.path {d.path!r}: cannot read its token ids ({e})")
+        if len(tokens) and tokens.min() < 0:
+            _fail(f"data.path {d.path!r} holds negative token ids; token ids are >= 0")
+
+
+CHEAP_BYTES = 256 << 20  # data files up to this size are read whole at validation (decoding runs at GB/s)
+
+
+def _check_text_files(d: DataConfig, path: Path, need: int) -> None:
+    """Decode the text files with data.encoding (strict) while the total is cheap to read; count bytes."""
+    import codecs
+
+    try:
+        codecs.lookup(d.encoding)
+    except LookupError:
+        _fail(f"data.encoding = {d.encoding!r} is not an encoding Python knows; use e.g. utf-8, latin-1 or utf-16")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*.txt") if p.is_file())
+    total = sum(f.stat().st_size for f in files)
+    if total + len(files) < need:  # every token is at least one byte, plus one <|endoftext|> per document
+        _fail(f"data.path {d.path!r} holds {total} bytes of text; data.seq_len = {d.seq_len} needs at least "
+              f"{need} tokens (training windows and a 5% validation tail): give more text or lower --data.seq_len")
+    if total > CHEAP_BYTES:
+        return  # the workers decode it (strictly) when they read it
+    for f in files:
+        data = f.read_bytes()
+        try:
+            text = data.decode(d.encoding)
+        except UnicodeDecodeError as e:
+            _fail(f"data.path: {str(f)!r} is not valid {d.encoding} text (byte {e.start}: "
+                  f"{data[e.start:e.start + 4]!r}); if it is text in another encoding, name it with e.g. "
+                  "--data.encoding latin-1; binary files cannot be used as text")
+        if "\x00" in text:
+            _fail(f"data.path: {str(f)!r} holds NUL characters: it is binary, or text in another encoding "
+                  "(UTF-16? set --data.encoding utf-16); give a text file")
 
 
 def _check_text(d: DataConfig) -> None:

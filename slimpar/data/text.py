@@ -190,7 +190,7 @@ def _user_path(cfg: DataConfig) -> tuple[TextTokenizer | None, np.ndarray, dict[
         if tok is not None and _max_id(tokens) >= tok.vocab_size:
             tok = None  # these are not GPT-2 ids: no decoding, no bits per byte
     else:
-        texts = user_texts(path)
+        texts = user_texts(path, cfg.encoding)
         tok = build_tokenizer(cfg, texts)  # trained on all of the user's text, tail included
         tokens = token_stream(tok, texts, cfg.cache_dir)
     train, val = split_tail(tokens, cfg.seq_len)

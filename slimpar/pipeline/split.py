@@ -6,6 +6,10 @@ and only the last keeps the final norm and head. ``StageModule`` runs
     [decoder of boundary s−1] → blocks of stage s → [encoder of boundary s]
 and its codec halves are named ``codecs.recv{s−1}`` / ``codecs.send{s}``, so the two copies of a
 shared parameter have different names on the two ranks (checkpoints keep both, never merge them).
+
+A model with tied embeddings keeps its tie across the cut: stage 0's ``tok_embeddings.weight`` and the
+last stage's ``output.weight`` are two copies of one weight (``StageModule.tied``), kept identical by
+summing their gradient parts every step (sync.py, ``tied_parameters``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from torch import Tensor, nn
 from slimpar.pipeline.boundary import BoundaryDecoder, BoundaryEncoder
 from slimpar.pipeline.spec import CodecSpec, StageContext
 from slimpar.pipeline.ssn import apply_ssn, ssn_std, ssn_tensors
+from slimpar.pipeline.sync import SENDER_ROWS
 
 
 def stage_ranges(n_layers: int, stages: int) -> list[range]:
@@ -51,10 +56,12 @@ class StageModule(nn.Module):
     float tensor, and returns the encoder's ``out`` (or logits on the last stage)."""
 
     def __init__(self, model: nn.Module, stage: int, num_stages: int, context: StageContext,
-                 decoder: BoundaryDecoder | None = None, encoder: BoundaryEncoder | None = None):
+                 decoder: BoundaryDecoder | None = None, encoder: BoundaryEncoder | None = None,
+                 tied: bool = False):
         super().__init__()
         self.model = model
         self.stage, self.num_stages, self.context = stage, num_stages, context
+        self.tied = tied  # the full model tied its embedding and head (held by stages 0 and P − 1)
         self.codecs = nn.ModuleDict()
         if decoder is not None:
             self.codecs[f"recv{stage - 1}"] = decoder
@@ -68,6 +75,20 @@ class StageModule(nn.Module):
     @property
     def encoder(self) -> BoundaryEncoder | None:
         return self.codecs[f"send{self.stage}"] if f"send{self.stage}" in self.codecs else None
+
+    def tied_parameters(self) -> list[tuple[str, nn.Parameter, bool | str]]:
+        """This stage's copy of a tied embedding/head weight as a shared-parameter entry (sync.py); [] if none.
+
+        Stage 0 (the embedding, the "sender" end) and stage P − 1 (the head, the "receiver" end) hold
+        one each; the embedding's gradient part lives on the step's distinct ids only (SENDER_ROWS).
+        """
+        if not self.tied:
+            return []
+        if self.stage == 0:
+            return [("tied.weight", self.model.tok_embeddings.weight, SENDER_ROWS)]
+        if self.stage == self.num_stages - 1:
+            return [("tied.weight", self.model.output.weight, SENDER_ROWS)]
+        return []
 
     def forward(self, x: Tensor) -> Tensor:
         dec, enc = self.decoder, self.encoder
@@ -86,11 +107,13 @@ def build_stages(model: nn.Module, stages: int, which: list[int], specs: list[Co
     """Stage modules ``which`` of a full Llama (the model itself is consumed when one stage is built).
 
     Anchors start from the model's initial token embedding and, for SSN (``ssn_rank`` = k > 0), the
-    whole model is reparametrised into span(U) before it is cut.
+    whole model is reparametrised into span(U) before it is cut. A tied embedding and head become two
+    copies (stage 0's and the last stage's) of the same values: ``StageModule.tied``.
     """
-    if not untied(model):
-        raise ValueError("a pipeline cannot split a tied embedding and head across stages; "
-                         "build the model with tie_embeddings = False")
+    tied = not untied(model)
+    if tied and ssn_rank:
+        raise ValueError("SSN replaces the token embedding by its fixed-table form, which a tied head cannot "
+                         "share; build the model with tie_embeddings = False")
     embedding = model.tok_embeddings.weight.detach().clone()  # (V, d)
     ssn = None
     if ssn_rank:
@@ -103,5 +126,5 @@ def build_stages(model: nn.Module, stages: int, which: list[int], specs: list[Co
         ctx = StageContext()
         dec = BoundaryDecoder(specs[s - 1], ctx, embedding, ssn) if s > 0 else None
         enc = BoundaryEncoder(specs[s], ctx, embedding, ssn) if s < stages - 1 else None
-        out.append(StageModule(part, s, stages, ctx, dec, enc))
+        out.append(StageModule(part, s, stages, ctx, dec, enc, tied))
     return out

@@ -27,6 +27,13 @@ any format. All bytes are counted as ``sync``.
 A frozen parameter (``freeze``, used for ``pipeline.freeze_projector_after``) leaves the exchange on
 both ends at the same step: its gradient parts are no longer sent, but its checksum still is.
 
+Tied embeddings (``model.tie_embeddings``) use the same two phases between stage 0 (the "sender" end,
+holding the token embedding) and stage P − 1 (the "receiver" end, holding the head): one more
+``SharedParamSync`` per end with ``dtype = "fp32"``, byte kind ``tied`` and its own tags, whose only
+parameter is marked ``SENDER_ROWS``: the embedding's gradient is zero outside the step's distinct ids,
+so stage 0 sends only those u rows (u×d fp32), while the head's gradient is dense and stage P − 1
+sends all V×d fp32. Both ends then set grad = head part + embedding part on those rows (docs/pipeline.md).
+
 The two phases let both ends post their sends before either waits, on a P2PLink (two ranks) or a
 LocalLink (the virtual pipeline calls post on both ends, then finish on the sender, then the receiver).
 """
@@ -39,9 +46,14 @@ import torch
 from torch import Tensor, nn
 
 from slimpar.codecs.quant import Int8Codec, Int8Payload
-from slimpar.pipeline.wire import TAG_CHECK, TAG_SYNC, Link, Packet, WireSpec, wait_all
+from slimpar.pipeline.wire import TAG_CHECK, TAG_SYNC, TAG_TIED_CHECK, TAG_TIED_SYNC, Link, Packet, WireSpec, wait_all
 
 SYNC_DTYPES = ("int8", "bf16", "fp32")
+# The third field of a shared parameter entry: False (both parts dense), True (both parts on the
+# step's distinct-id rows: anchor tables) or SENDER_ROWS (the sender's part on those rows, the
+# receiver's dense: a tied embedding (sender) and head (receiver)).
+SENDER_ROWS = "sender_rows"
+TIED_TAGS = (TAG_TIED_SYNC, TAG_TIED_CHECK)
 
 
 def encode_part(g: Tensor, dtype: str) -> list[Tensor]:
@@ -50,6 +62,18 @@ def encode_part(g: Tensor, dtype: str) -> list[Tensor]:
         q = Int8Codec().encode(g.float())
         return [q.values.contiguous(), q.scale.contiguous()]
     return [g.to(torch.bfloat16 if dtype == "bf16" else torch.float32).contiguous()]
+
+
+def part_specs(shape: tuple[int, ...], dtype: str, category: str) -> list[WireSpec]:
+    """What ``encode_part`` makes of a gradient part of ``shape``, for preallocating its receive."""
+    if dtype == "int8":
+        return [WireSpec(category, shape, torch.int8), WireSpec(category, (*shape[:-1], 1), torch.float32)]
+    return [WireSpec(category, shape, torch.bfloat16 if dtype == "bf16" else torch.float32)]
+
+
+def rows_part(sparse: bool | str, role: str) -> bool:
+    """Whether ``role``'s gradient part of a parameter with mode ``sparse`` covers only the step's rows."""
+    return sparse is True or (sparse == SENDER_ROWS and role == "sender")
 
 
 def decode_part(parts: list[Tensor], dtype: str) -> Tensor:
@@ -65,14 +89,19 @@ def digest(t: Tensor) -> int:
 
 
 class SharedParamSync:
-    """One end (``role`` = "sender" | "receiver") of a boundary's shared-parameter synchronisation."""
+    """One end (``role`` = "sender" | "receiver") of a boundary's shared-parameter synchronisation.
 
-    def __init__(self, params: list[tuple[str, nn.Parameter, bool]], role: str, link: Link, dtype: str = "int8"):
+    ``category`` is the byte kind its packets are counted as, ``tags`` its (exchange, checksum) tags.
+    """
+
+    def __init__(self, params: list[tuple[str, nn.Parameter, bool | str]], role: str, link: Link,
+                 dtype: str = "int8", category: str = "sync", tags: tuple[int, int] = (TAG_SYNC, TAG_CHECK)):
         if role not in ("sender", "receiver"):
             raise ValueError(f"role must be 'sender' or 'receiver', got {role!r}")
         if dtype not in SYNC_DTYPES:
             raise ValueError(f"sync dtype must be one of {SYNC_DTYPES}, got {dtype!r}")
         self.params, self.role, self.link, self.dtype = params, role, link, dtype
+        self.category, (self.tag, self.check_tag) = category, tags
         self.resyncs = 0
         self.frozen: set[str] = set()  # names whose gradient exchange has stopped (still checksummed)
         self._pending: tuple | None = None
@@ -86,10 +115,15 @@ class SharedParamSync:
 
     # -- gradient exchange ------------------------------------------------------------------------
     def post(self, rows: Tensor | None = None) -> None:
-        """Send this end's encoded gradient parts; ``rows`` = the step's distinct ids (anchor tables)."""
-        mine = [t for _, p, sparse in self._active() for t in self._part(p, rows if sparse else None)]
-        sends = self.link.isend([Packet("sync", t) for t in mine], TAG_SYNC)
-        theirs, recvs = self.link.irecv([WireSpec("sync", tuple(t.shape), t.dtype) for t in mine], TAG_SYNC)
+        """Send this end's encoded gradient parts; ``rows`` = the step's distinct ids (anchor tables, tied)."""
+        other = "receiver" if self.role == "sender" else "sender"
+        mine, specs = [], []
+        for _, p, sparse in self._active():
+            mine += self._part(p, rows if rows_part(sparse, self.role) else None)
+            shape = (len(rows), *p.shape[1:]) if rows_part(sparse, other) else tuple(p.shape)
+            specs += part_specs(shape, self.dtype, self.category)
+        sends = self.link.isend([Packet(self.category, t) for t in mine], self.tag)
+        theirs, recvs = self.link.irecv(specs, self.tag)
         self._pending = (mine, theirs, rows, sends + recvs)
 
     def finish(self) -> None:
@@ -101,12 +135,14 @@ class SharedParamSync:
             a = decode_part(mine[n * i:n * i + n], self.dtype)
             b = decode_part(theirs[n * i:n * i + n], self.dtype)
             s, r = (a, b) if self.role == "sender" else (b, a)
-            total = s + r  # identical bits on both ends
-            if sparse:
+            if sparse == SENDER_ROWS:  # rows of the sender's part onto the receiver's dense part
+                g = r.view_as(p).clone()
+                g[rows] = s + g[rows]  # identical bits on both ends
+            elif sparse:
                 g = torch.zeros_like(p)
-                g[rows] = total
+                g[rows] = s + r
             else:
-                g = total.view_as(p)
+                g = (s + r).view_as(p)  # identical bits on both ends
             p.grad = g
         self._pending = None
 
@@ -120,8 +156,8 @@ class SharedParamSync:
     def check_post(self) -> None:
         device = self.params[0][1].device  # NCCL links carry device tensors only
         mine = torch.tensor([digest(p) for _, p, _ in self.params], dtype=torch.int64, device=device)
-        sends = self.link.isend([Packet("sync", mine)], TAG_CHECK)
-        (theirs,), recvs = self.link.irecv([WireSpec("sync", tuple(mine.shape), torch.int64)], TAG_CHECK)
+        sends = self.link.isend([Packet(self.category, mine)], self.check_tag)
+        (theirs,), recvs = self.link.irecv([WireSpec(self.category, tuple(mine.shape), torch.int64)], self.check_tag)
         self._pending = (mine, theirs, sends + recvs)
 
     def check_finish(self) -> bool:
@@ -133,15 +169,25 @@ class SharedParamSync:
             return False
         values = [p for _, p, _ in self.params]
         if self.role == "sender":
-            wait_all(self.link.isend([Packet("sync", p.detach()) for p in values], TAG_CHECK))
+            wait_all(self.link.isend([Packet(self.category, p.detach()) for p in values], self.check_tag))
         else:
-            bufs, handles = self.link.irecv([WireSpec("sync", tuple(p.shape), p.dtype) for p in values], TAG_CHECK)
+            bufs, handles = self.link.irecv([WireSpec(self.category, tuple(p.shape), p.dtype) for p in values],
+                                            self.check_tag)
             wait_all(handles)
             with torch.no_grad():
                 for p, b in zip(values, bufs, strict=True):
                     p.copy_(b)
         self.resyncs += 1
         return True
+
+
+def tied_sync(params: list[tuple[str, nn.Parameter, bool | str]], role: str, link: Link) -> SharedParamSync:
+    """One end of a tied embedding/head exchange: exact fp32 parts, kind ``tied``, its own tags.
+
+    fp32 whatever ``pipeline.sync_dtype`` says: the tied weight's gradient is a large part of the
+    model's, and summing exact parts gives the single-process tied model's gradient (to rounding).
+    """
+    return SharedParamSync(params, role, link, "fp32", "tied", TIED_TAGS)
 
 
 def run_phases(ends: list[SharedParamSync], first: str, second: str, **kwargs) -> list:

@@ -9,7 +9,8 @@ order, as both GPipe and 1F1B run them on every stage):
   backward  the loss of m is backpropagated through the last stage; each decoder encodes ∂L/∂out for
             the wire, the encoder decodes it and autograd continues into the previous stage
   then      parameter gradients / M (the schedule's ``scale_grads``) and the shared-parameter
-            exchange of every boundary (sync.py).
+            exchange of every boundary (sync.py), and of a tied embedding and head between stage 0
+            and stage P − 1 (its own local link, counted as boundary P − 1, kind ``tied``).
 
 Parameter gradients accumulate over microbatches in the same order as on a real pipeline, so a
 virtual run and a P-process run of the same config agree to rounding.
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from slimpar.codecs.anchors import rows_for
 from slimpar.pipeline.split import StageModule
-from slimpar.pipeline.sync import SharedParamSync, run_phases
+from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
 from slimpar.pipeline.wire import ByteCounter, LocalLink, recv_message, send_message, wait_all
 
 
@@ -39,6 +40,10 @@ class VirtualPipeline:
             if enc.shared_parameters():
                 self.syncs.append((SharedParamSync(enc.shared_parameters(), "sender", self.links[p][0], sync_dtype),
                                    SharedParamSync(dec.shared_parameters(), "receiver", self.links[p][1], sync_dtype)))
+        if stages[0].tied_parameters():  # exact fp32 parts, whatever sync_dtype says (docs/pipeline.md)
+            first, last = LocalLink.pair(len(stages) - 1, counter, device)
+            self.syncs.append((tied_sync(stages[0].tied_parameters(), "sender", first),
+                               tied_sync(stages[-1].tied_parameters(), "receiver", last)))
 
     def set_batch(self, x: Tensor, microbatches: int) -> None:
         """Stage 0 always knows the ids; the others read them locally unless they arrive on the wire."""

@@ -1,9 +1,12 @@
 """What crosses a pipeline boundary, how it is counted, and the two transports that carry it.
 
 Every tensor put on a link is a ``Packet`` with a category — ``payload`` (activations or their
-gradients), ``ids`` (token ids), ``codebook`` (RVQ synchronisation) or ``sync`` (gradient exchange,
-checksums and resyncs of parameters both ends hold) — and is counted by ``ByteCounter`` at the send,
-per (boundary, direction, category). "fwd" is sender → receiver (stage p → p + 1), "bwd" the reverse.
+gradients), ``ids`` (token ids), ``codebook`` (RVQ synchronisation), ``sync`` (gradient exchange,
+checksums and resyncs of parameters both ends hold) or ``tied`` (the same for a tied token embedding
+and head) — and is counted by ``ByteCounter`` at the send, per (boundary, direction, category). "fwd"
+is sender → receiver (stage p → p + 1), "bwd" the reverse. The tied link between stage 0 and stage
+P − 1 is counted under boundary number P − 1 (the link that closes the pipeline into a ring; no
+boundary has that number), "fwd" from stage 0 (the embedding) to stage P − 1 (the head).
 
 Transports (one ``Link`` per boundary end):
 - ``P2PLink``: ``torch.distributed`` isend/irecv to the peer rank, each channel on its own tag so the
@@ -25,13 +28,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-CATEGORIES = ("payload", "ids", "codebook", "sync")
+CATEGORIES = ("payload", "ids", "codebook", "sync", "tied")
 DIRECTIONS = ("fwd", "bwd")
 # Tags of the messages slimpar adds next to the schedule's (tag 0) activations and gradients.
 TAG_CODEBOOK = 101  # variable-size codebook rows that follow a header
 TAG_SYNC = 102  # gradient exchange of shared parameters
 TAG_CHECK = 103  # checksums and resyncs
 TAG_EVAL = 104  # evaluation forwards (not counted as training traffic)
+TAG_TIED_SYNC = 105  # gradient exchange of a tied embedding and head (stage 0 <-> stage P - 1)
+TAG_TIED_CHECK = 106  # their checksums and resyncs
 
 
 @dataclass(frozen=True)

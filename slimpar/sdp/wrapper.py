@@ -10,13 +10,14 @@ Each worker holds and trains only its subnetwork (METHODS.md Part 1). Communicat
    holder clips by the same factor;
 4. backward regime, after the optimizer step: every block is broadcast from its first holder to the
    workers that do not hold it (``refresh()``, every ``refresh_every`` steps);
-5. on demand: ``check_replicas()`` compares bit-exact fingerprints among holders;
+5. every ``sdp.check_every`` steps: ``check_replicas()`` compares BLAKE2b digests of the bytes among holders;
    ``gather_full_model()`` broadcasts every component from one holder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -238,13 +239,14 @@ def _rebind(sub: Subnet, module: nn.Module) -> None:
 
 
 def _fingerprint(pieces: list[Piece]) -> int:
-    """A bit-exact fingerprint: position-weighted sum of the raw 32-bit words (mod 2**61 - 1)."""
-    total = 0
+    """A bit-exact fingerprint without blind spots: BLAKE2b (64-bit digest) of the raw bytes of every piece,
+    in order, with each piece's shape and dtype, so any change of any element (or a swap) changes it."""
+    h = hashlib.blake2b(digest_size=8)
     for p in pieces:
-        words = p.view(local(p.param.detach())).contiguous().view(-1).view(torch.int32).to(torch.int64)
-        weights = torch.arange(1, words.numel() + 1, dtype=torch.int64) % 1000003
-        total = (total * 31 + int((words * weights).sum() % (2**61 - 1))) % (2**61 - 1)
-    return total
+        t = p.view(local(p.param.detach())).contiguous()
+        h.update(f"{tuple(t.shape)}{t.dtype};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).cpu().numpy().data)
+    return int.from_bytes(h.digest(), "little", signed=True)  # an int64 for the all-gather
 
 
 def _groups_of(plan: Plan) -> int:

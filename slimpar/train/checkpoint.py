@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from slimpar.train.manifest import ManifestError, verify_manifest, write_manifest
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # keys by parameter name: see above
 
@@ -38,9 +41,10 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return max(done, key=lambda d: d.name) if done else None
 
 
-def save_checkpoint(out_dir: Path, step: int, model, optimizer, rank: int, group=None) -> Path:
+def save_checkpoint(out_dir: Path, step: int, model, optimizer, rank: int, group=None, keep_last: int = 0) -> Path:
     """Save model + optimizer after ``step`` steps. ``trainer.json`` is written last, by rank 0,
-    so a directory without it is an interrupted save and is never resumed from."""
+    so a directory without it is an interrupted save and is never resumed from. Then rank 0 keeps
+    only the newest ``keep_last`` complete checkpoints (0 = all): see :func:`prune_checkpoints`."""
     path = checkpoint_dir(out_dir) / f"step_{step:06d}"
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), process_group=group)
@@ -49,17 +53,76 @@ def save_checkpoint(out_dir: Path, step: int, model, optimizer, rank: int, group
     if rank == 0:
         tmp = path / "trainer.json.tmp"
         tmp.write_text(json.dumps({"step": step}))
+        write_manifest(path, extra={"trainer.json": tmp.read_bytes()})  # sha256 of every file, trainer.json too
         os.replace(tmp, path / "trainer.json")
+        if keep_last:
+            prune_checkpoints(out_dir, keep_last)
     return path
 
 
+def prune_checkpoints(out_dir: Path, keep_last: int) -> list[Path]:
+    """Delete the step folders older than the ``keep_last`` newest complete checkpoints; returns them.
+
+    Called by rank 0 only, after the barrier of a successful save, so the newest complete checkpoint
+    (the one just written) is never among them; interrupted saves older than the kept ones go too.
+    ``trainer.json`` is removed first, so a prune killed halfway leaves an incomplete folder that is
+    never resumed from, not a complete-looking one with shards missing.
+    """
+    root = checkpoint_dir(out_dir)
+    steps = sorted((d for d in root.iterdir() if _STEP_DIR.match(d.name)), key=lambda d: d.name)
+    complete = [d for d in steps if (d / "trainer.json").is_file()]
+    if keep_last < 1 or len(complete) <= keep_last:
+        return []
+    oldest_kept = complete[-keep_last].name
+    doomed = [d for d in steps if d.name < oldest_kept]
+    for d in doomed:
+        (d / "trainer.json").unlink(missing_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
+    return doomed
+
+
 def load_checkpoint(path: Path, model, optimizer, group=None) -> int:
-    """Load into ``model``/``optimizer`` in place; returns the number of steps already done."""
+    """Load into ``model``/``optimizer`` in place; returns the number of steps already done.
+    The folder is verified first (:func:`verify_checkpoint`): DCP unpickles ``.metadata``."""
+    step = verify_checkpoint(path)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path), process_group=group)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=OPTIONS)
-    return int(json.loads((path / "trainer.json").read_text())["step"])
+    return step
+
+
+# ---------------------------------------------------------------- verification before loading (trust: docs/trust.md)
+
+
+def verify_checkpoint(path: Path) -> int:
+    """Check a checkpoint folder before anything reads it; returns its step, or raises ManifestError.
+
+    Every file must match ``manifest.json`` (sha256 and size; nothing unlisted), which covers DCP's
+    ``.metadata`` before DCP unpickles it, and ``trainer.json``'s step must equal the folder's.
+    """
+    path = Path(path)
+    match = _STEP_DIR.match(path.name)
+    if match is None:
+        raise ManifestError(f"{path} is not a checkpoint folder (step_NNNNNN)")
+    verify_manifest(path, complete=True)
+    fix = "the checkpoint was edited; use another checkpoint or start over with a new --out"
+    try:
+        step = json.loads((path / "trainer.json").read_bytes().decode("utf-8"))["step"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ManifestError(f"{path / 'trainer.json'} is unreadable ({e}); {fix}") from None
+    if not isinstance(step, int) or isinstance(step, bool) or step != int(match.group(1)):
+        raise ManifestError(f"{path / 'trainer.json'} says step {step!r} but the folder is {path.name}; {fix}")
+    return step
+
+
+def check_resume(out_dir: Path) -> Path | None:
+    """In the launching process, before any process starts: verify the checkpoint a resume would load
+    (the newest complete one in ``out_dir``); None when there is none. Raises ManifestError (exit 2)."""
+    path = latest_checkpoint(Path(out_dir))
+    if path is not None:
+        verify_checkpoint(path)
+    return path
 
 
 def export_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
@@ -78,6 +141,16 @@ def export_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dic
         tensors[name] = t.detach().contiguous().cpu()
     meta = dict(metadata, tied=json.dumps(tied))
     save_file(tensors, str(path), metadata=meta)
+    write_manifest(path.parent, [path.name])  # the run folder's manifest.json: verified by eval and export
+
+
+def verify_export(run_dir: Path) -> None:
+    """Check ``model.safetensors`` against the run folder's ``manifest.json`` before reading it."""
+    files = verify_manifest(run_dir, complete=False)
+    if "model.safetensors" not in files:
+        raise ManifestError(f"{Path(run_dir) / 'manifest.json'} does not list model.safetensors; the export "
+                            "cannot be verified (re-run the training, or if you trust the folder: "
+                            f"python -m slimpar.train.manifest write {run_dir})")
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:

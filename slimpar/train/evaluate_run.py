@@ -16,6 +16,9 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict:
         if not p.is_file():
             raise ConfigError(f"{p} not found: --run must be a finished `slimpar train` folder with an export "
                               "(checkpoint.export = true)")
+    from slimpar.train.checkpoint import verify_export
+
+    verify_export(run_dir)  # model.safetensors against the run's manifest.json, before anything reads it
     cfg = load_run_config(cfg_path, ["--parallel.mode", "single", "--parallel.workers", "1"] + (overrides or []))
     from slimpar.train.build import build_data, build_model
     from slimpar.train.checkpoint import load_safetensors

@@ -15,7 +15,8 @@ from slimpar.config import ConfigError, load_config
 from slimpar.data.tokenizer import EOT
 from slimpar.models.hf_llama import HFFormatError, save_hf
 from slimpar.train.build import llama_config
-from slimpar.train.checkpoint import load_safetensors
+from slimpar.train.checkpoint import load_safetensors, verify_export
+from slimpar.train.manifest import MANIFEST, write_manifest
 from slimpar.train.run_files import TOKENIZER_FILE
 
 
@@ -26,8 +27,9 @@ def export_hf(run_dir: Path, out_dir: Path) -> list[Path]:
         if not p.is_file():
             raise ConfigError(f"{p} not found: RUN must be a finished `slimpar train` folder with an export "
                               "(checkpoint.export = true)")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise ConfigError(f"{out_dir} exists and is not empty; choose a new folder for the export")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError(f"{out_dir} exists and is not empty (or not a folder); choose a new folder for the export")
+    verify_export(run_dir)  # model.safetensors against the run's manifest.json, before anything reads it
     cfg = load_config(cfg_path)
     if cfg.model.arch != "llama":
         raise ConfigError(f"only LLaMA runs export to the Hugging Face format (this run: {cfg.model.arch})")
@@ -40,7 +42,8 @@ def export_hf(run_dir: Path, out_dir: Path) -> list[Path]:
     tokenizer = run_dir / TOKENIZER_FILE
     if tokenizer.is_file():
         written += _write_tokenizer(tokenizer, out_dir, lc.max_seq_len)
-    return written
+    write_manifest(out_dir, [p.relative_to(out_dir).as_posix() for p in written])  # sha256 of what was written
+    return written + [out_dir / MANIFEST]
 
 
 def _write_tokenizer(tokenizer: Path, out_dir: Path, max_len: int) -> list[Path]:

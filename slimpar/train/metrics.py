@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -27,6 +28,27 @@ class MetricsWriter:
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+
+    def truncate(self, step: int) -> None:
+        """Keep only the lines of steps ``<= step`` (the step a run resumes from; 0 = none).
+
+        A run killed after its last checkpoint has already logged the steps it will redo; dropping them
+        here means every step appears exactly once. A line cut short by the kill is dropped too. The file
+        is replaced atomically, so a second kill during this leaves the old or the new file, never half.
+        """
+        if not self.enabled or not self.path.exists():
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+                kept.append(line + "\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, self.path)
 
 
 def git_commit() -> str | None:

@@ -32,6 +32,7 @@ from slimpar.train.metrics import (
     versions,
 )
 from slimpar.train.run_files import record_run_files
+from slimpar.train.tensorboard import TensorBoardSink
 
 
 def build_strategy(cfg: Config, model, ctx: RunContext):
@@ -61,6 +62,7 @@ class Trainer:
     def __init__(self, cfg: Config, ctx: RunContext):
         self.cfg, self.ctx = cfg, ctx
         self.writer = MetricsWriter(ctx.out_dir, enabled=ctx.is_main)
+        self.tensorboard = TensorBoardSink(ctx.out_dir) if cfg.log.tensorboard and ctx.is_main else None
         self.step_times: list[float] = []
         self.losses: list[float] = []
         self.measured: dict | None = None
@@ -83,10 +85,11 @@ class Trainer:
         self.total = total_steps(cfg)
         self.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, ctx.rank)
         self.start = 0
-        if cfg.checkpoint.resume:
+        if cfg.checkpoint.resume:  # auto: the newest complete checkpoint, if any (--fresh: none)
             path = latest_checkpoint(ctx.out_dir)
             if path is not None:
                 self.start = load_checkpoint(path, self._checkpoint_module(), self.optimizer, ctx.group)
+        self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
 
     # ------------------------------------------------------------------ step
     def _batch(self, step: int, micro: int):
@@ -203,19 +206,28 @@ class Trainer:
         progress = _Progress(ctx.is_main and cfg.log.progress, self.start, self.total)
         measure_at = max(min(cfg.log.measure_step, self.total - 1), self.start)
         end = min(cfg.train.stop_after, self.total) if cfg.train.stop_after else self.total
+        if self.start >= end and (end < self.total or (ctx.out_dir / "summary.json").exists()):
+            if ctx.is_main:
+                print(f"note: {ctx.out_dir} already holds the checkpoint of step {self.start}: nothing to train "
+                      "(slimpar train --fresh starts over)", flush=True)
+            return
         for step in range(self.start, end):
             t0 = time.perf_counter()
             if step == measure_at:
                 loss, gnorm = self._measured_step(step)
             else:
                 loss, gnorm = self._step(step)
-                self.step_times.append(time.perf_counter() - t0)
+            # every step's own time goes to metrics.jsonl; the instrumented one (slower) stays out of the median
+            self.last_step_time = (time.perf_counter() - t0, step == measure_at)
+            if step != measure_at:
+                self.step_times.append(self.last_step_time[0])
             if hasattr(self.strategy, "end_of_step"):
                 self.strategy.end_of_step(step)
             self._after_step(step, loss, gnorm, progress)
         progress.close()
         if end < self.total:  # a planned stop: save and leave the rest to --resume
-            save_checkpoint(ctx.out_dir, end, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group)
+            save_checkpoint(ctx.out_dir, end, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group,
+                            cfg.checkpoint.keep_last)
             return
         self._finish()
 
@@ -234,18 +246,22 @@ class Trainer:
         if done % cfg.log.every == 0 or last:
             mean_loss = self._mean_over_ranks(loss)
             self.losses.append(mean_loss)
+            seconds, instrumented = self.last_step_time
             record = {"step": done, "loss": mean_loss, "lr": lr_at(step, cfg, self.total), "grad_norm": gnorm,
-                      "step_time_s": self.step_times[-1] if self.step_times else None}
+                      "step_time_s": seconds, **({"instrumented": True} if instrumented else {})}
             if cfg.eval.every and done % cfg.eval.every == 0 and not last:
                 record.update(self._evaluate())
             record.update(self.strategy.step_metrics() if hasattr(self.strategy, "step_metrics") else {})
             self.writer.write(record)
+            if self.tensorboard is not None:
+                self.tensorboard.write(record)
             progress.update(done, mean_loss)
         else:
             progress.update(done, None)
         if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and not last:
             ctx = self.ctx
-            save_checkpoint(ctx.out_dir, done, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group)
+            save_checkpoint(ctx.out_dir, done, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group,
+                            cfg.checkpoint.keep_last)
 
     def _evaluate(self) -> dict:
         if hasattr(self.strategy, "evaluate"):
@@ -256,7 +272,8 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         results = self._evaluate()
         if cfg.checkpoint.final and self.start < self.total:
-            save_checkpoint(ctx.out_dir, self.total, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group)
+            save_checkpoint(ctx.out_dir, self.total, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group,
+                            cfg.checkpoint.keep_last)
         full = self.strategy.full_state_dict() if cfg.checkpoint.export else None
         per_rank = [self.measured] * 1
         if ctx.group is not None:
@@ -291,6 +308,9 @@ class Trainer:
             export_safetensors(full, ctx.out_dir / "model.safetensors",
                                {"config": json.dumps(to_dict(cfg)), "step": str(self.total)})
         (ctx.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        if self.tensorboard is not None:
+            self.tensorboard.write_summary(summary, self.total)
+            self.tensorboard.close()
         if cfg.log.progress:
             print_summary(summary, getattr(self.strategy, "summary_rows", lambda s: [])(summary))
 

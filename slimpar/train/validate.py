@@ -77,6 +77,8 @@ RANGES: dict[str, Range] = {
     "eval.every": Range(0), "eval.batches": Range(0, lo_open=True),
     "eval.batch_size": Range(0, MAX_EVAL_BATCH, lo_open=True, why="sequences or images per validation batch"),
     "checkpoint.every": Range(0, why="0 = only at the end"),
+    "checkpoint.keep_last": Range(0, why="0 = keep every checkpoint"),
+    "parallel.max_restarts": Range(0, 100, why="restarts of the whole job after a failed worker"),
     "log.every": Range(0, lo_open=True), "log.measure_step": Range(0),
 }
 
@@ -163,6 +165,12 @@ def validate(cfg: Config, *, training: bool = True) -> None:
         raise ConfigError("model.arch = 'llama' needs data.kind = 'text'")
     if m.arch != "llama" and d.kind != "images":
         raise ConfigError(f"model.arch = {m.arch!r} needs data.kind = 'images'")
+    if cfg.log.tensorboard:
+        from slimpar.train.tensorboard import tensorboard_available
+
+        if not tensorboard_available():
+            raise ConfigError("log.tensorboard = true needs the tensorboard package: pip install 'slimpar[tensorboard]'"
+                              " (or pip install tensorboard), or drop --log.tensorboard")
     _validate_model(cfg)
     _validate_data(cfg)
     if training:

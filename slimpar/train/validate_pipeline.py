@@ -45,9 +45,9 @@ def validate_pipeline(cfg: Config) -> None:
     _check_codec(cfg, lc.dim)
     _check_rvq(cfg)
     _check_projector(cfg)
-    if lc.tie_embeddings:
-        raise ConfigError("pipeline stages cannot share a tied token embedding and output head (stage 0 holds "
-                          "the embedding, the last stage the head); add --model.tie_embeddings false")
+    if lc.tie_embeddings and cfg.pipeline.codec == "ssn":
+        raise ConfigError("codec 'ssn' replaces the token embedding by a fixed random table plus a subspace part, "
+                          "which the output head cannot share; add --model.tie_embeddings false")
     if cfg.train.grad_accum != 1:
         raise ConfigError("pipeline microbatches replace gradient accumulation; set --train.grad_accum 1 and "
                           "use --pipeline.microbatches")

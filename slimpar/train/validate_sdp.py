@@ -20,6 +20,7 @@ SDP_RANGES: dict[str, Range] = {
     "sdp.groups": Range(0, why="0 = the default grouping"),
     "sdp.refresh_every": Range(1), "sdp.check_every": Range(0, why="0 = never"),
     "sdp.bn_recalibrate": Range(0, why="batches; 0 = off"), "sdp.fsdp": Range(1),
+    "sdp.virtual_workers": Range(1, why="the simulated workers of sdp.virtual"),
 }
 
 
@@ -32,6 +33,8 @@ def validate_sdp(cfg: Config) -> None:
     _choice("sdp.eval_rescale", s.eval_rescale, ("none", "survival"))
     if s.bn_recalibrate < 0:
         raise ConfigError(f"sdp.bn_recalibrate must be >= 0 batches, got {s.bn_recalibrate}")
+    if s.virtual:
+        _check_virtual(cfg)
     if s.fsdp < 1 or workers % s.fsdp:
         raise ConfigError(f"sdp.fsdp = {s.fsdp} must divide parallel.workers = {workers}")
     if s.fsdp > 1 and s.level != "block":
@@ -50,6 +53,23 @@ def validate_sdp(cfg: Config) -> None:
     _check_plan(cfg)
 
 
+def _check_virtual(cfg: Config) -> None:
+    """sdp.virtual: N = sdp.virtual_workers simulated workers in one process, no sharding."""
+    s, t = cfg.sdp, cfg.train
+    if cfg.parallel.workers != 1:
+        raise ConfigError("sdp.virtual = true simulates every SDP worker in one process; set --parallel.workers 1 "
+                          f"and the simulated workers with --sdp.virtual_workers N (got parallel.workers = "
+                          f"{cfg.parallel.workers})")
+    if s.fsdp > 1 or s.holder_shard:
+        raise ConfigError("sdp.virtual = true does not shard: it cannot be combined with sdp.fsdp > 1 or "
+                          "sdp.holder_shard = true")
+    if s.virtual_workers < 1:
+        raise ConfigError(f"sdp.virtual_workers must be >= 1, got {s.virtual_workers}")
+    if t.batch_size % (s.virtual_workers * t.grad_accum):
+        raise ConfigError(f"train.batch_size = {t.batch_size} must be divisible by sdp.virtual_workers "
+                          f"({s.virtual_workers}) x train.grad_accum ({t.grad_accum})")
+
+
 def meta_model(cfg: Config):
     """The run's full model on the meta device: structure and sizes without memory."""
     with torch.device("meta"):
@@ -58,6 +78,10 @@ def meta_model(cfg: Config):
 
 def _check_plan(cfg: Config) -> None:
     try:
-        plan_from_config(cfg, meta_model(cfg), cfg.parallel.workers // cfg.sdp.fsdp)
+        n = cfg.sdp.virtual_workers if cfg.sdp.virtual else cfg.parallel.workers // cfg.sdp.fsdp
+        plan_from_config(cfg, meta_model(cfg), n)
     except (PlanError, OSError) as e:
         raise ConfigError(f"SDP plan: {e}") from None
+    except ValueError as e:  # an unreadable mask file: not text, not a plain .npy (e.g. pickled objects)
+        raise ConfigError(f"SDP plan: cannot read sdp.mask_file {cfg.sdp.mask_file!r} ({e}); give a text file of "
+                          "0/1 rows (one per worker) or a .npy 0/1 matrix") from None

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
@@ -23,8 +24,15 @@ from slimpar.train.trainer import Trainer
 
 
 def worker_main(cfg_dict: dict, out_dir: str) -> None:
-    """Run one worker of a training job (called by the launcher in every process)."""
+    """Run one worker of a training job (called by the launcher in every process).
+
+    After a restart by the elastic agent (slimpar's ``--max-restarts`` or torchrun's) the worker always
+    resumes from the newest complete checkpoint, even when the job was started with ``--fresh``.
+    """
     cfg = from_dict(cfg_dict)
+    if restart_count() > 0:
+        cfg.checkpoint.resume = True
+    init_attempt_group(cfg)
     ctx = init_context(cfg, Path(out_dir))
     try:
         Trainer(cfg, ctx).run()
@@ -41,6 +49,49 @@ def worker_main(cfg_dict: dict, out_dir: str) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def restart_count() -> int:
+    """How many times the elastic agent (torchrun's or slimpar's) has restarted this job's workers."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+ATTEMPT_PREFIX = "slimpar/attempt"
+
+
+def init_attempt_group(cfg: Config) -> None:
+    """Create the default process group on a store namespace of its own for each restart of the job.
+
+    Why: under torch's elastic agent (torchrun, and slimpar's launcher, which uses the same agent) the
+    workers do not host the TCPStore at ``MASTER_ADDR:MASTER_PORT``: the agent does
+    (``TORCHELASTIC_USE_AGENT_STORE=True``), and that store outlives the workers across restarts.
+    ``init_process_group("env://")`` writes the same keys in every attempt (``default_pg/0/...``:
+    gloo's address of each rank, the start-up barrier), so after a restart a new worker can read a
+    dead worker's address from the first attempt and fail with gloo's "Connection refused" (or wait
+    on a barrier count that is already spent): torch 2.13 issue, reproduced with a bare gloo script
+    under ``torchrun --max-restarts 1``. Prefixing every key with the restart count gives each attempt
+    a clean namespace on the same store. Without the agent's store (another launcher) torch's own
+    ``env://`` start is used unchanged (by :func:`~slimpar.train.context.init_context`).
+    """
+    if (dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+            or "MASTER_ADDR" not in os.environ):
+        return
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world == 1 and cfg.parallel.mode == "single":
+        return
+    timeout = timedelta(seconds=cfg.parallel.timeout_s)
+    cuda = cfg.parallel.device == "cuda"
+    backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if cuda else "gloo")
+    device = None
+    if cuda:
+        import torch
+
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    store = dist.PrefixStore(f"{ATTEMPT_PREFIX}{restart_count()}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device)
 
 
 def is_timeout(e: BaseException) -> bool:

@@ -4,7 +4,10 @@
   single-process training, and the bytes each rank counts at its sends equal both torch's c10d
   ``send`` count and the hand count;
 - ``mapl`` r = 16 with factorized anchors, sent ids, RVQ and checksums, 3 stages, GPipe: both copies
-  of every shared parameter identical and orthonormal at the end, every byte accounted for.
+  of every shared parameter identical and orthonormal at the end, every byte accounted for;
+- ``none`` with tied embeddings, 2 stages (the tie's exchange on the boundary's ranks) and 4 stages (a
+  direct link between stage 0 and stage 3): the same losses, validation loss and exported (tied)
+  weights as the single-process tied model, and the tied exchange's bytes equal the hand count.
 (``mapl`` with r = d from the identity equals ``none``: tests/unit/test_pipeline_virtual.py, in one
 process, since the stages, codecs and messages are the same code.)
 """
@@ -26,6 +29,11 @@ RUNS = {
     "single": ["--checkpoint.export", "false", "--checkpoint.final", "false"],
     "none": [*PIPE, "--checkpoint.export", "false", "--parallel.workers", "4", "--pipeline.stages", "2",
              "--pipeline.schedule", "1f1b", "--pipeline.microbatches", "2"],
+    "single_tied": ["--model.tie_embeddings", "true", "--checkpoint.final", "false"],
+    "tied2": [*PIPE, "--model.tie_embeddings", "true", "--parallel.workers", "2", "--pipeline.stages", "2",
+              "--pipeline.schedule", "1f1b", "--pipeline.microbatches", "2"],
+    "tied4": [*PIPE, "--model.tie_embeddings", "true", "--parallel.workers", "4", "--pipeline.stages", "4",
+              "--pipeline.schedule", "gpipe", "--pipeline.microbatches", "2", "--pipeline.checksum_every", "2"],
     "mapl_rvq": [*PIPE, "--parallel.workers", "3", "--pipeline.stages", "3", "--pipeline.schedule", "gpipe",
                  "--pipeline.microbatches", "4", "--pipeline.codec", "mapl", "--pipeline.rank", "16",
                  "--pipeline.anchors", "factorized", "--pipeline.anchor_dim", "8", "--pipeline.rvq.levels", "2",
@@ -46,9 +54,38 @@ def _sends(record: dict) -> int:
     return sum(n for key, n in record["comm_by_op"].items() if key.startswith("send@"))
 
 
-def test_uncompressed_pipeline_equals_single_process(runs) -> None:
-    assert losses(runs["none"]) == pytest.approx(losses(runs["single"]), rel=1e-5)
-    assert summary(runs["none"])["val_loss"] == pytest.approx(summary(runs["single"])["val_loss"], rel=1e-5)
+@pytest.mark.parametrize(("run", "ref"), [("none", "single"), ("tied2", "single_tied"), ("tied4", "single_tied")])
+def test_uncompressed_pipeline_equals_single_process(runs, run: str, ref: str) -> None:
+    assert losses(runs[run]) == pytest.approx(losses(runs[ref]), rel=1e-5)
+    assert summary(runs[run])["val_loss"] == pytest.approx(summary(runs[ref])["val_loss"], rel=1e-5)
+    if ref == "single_tied":  # one tied weight in both exports, the same values
+        got, want = (load_safetensors(runs[r] / "model.safetensors") for r in (run, ref))
+        assert set(got) == set(want) and got["output.weight"] is got["tok_embeddings.weight"]
+        for k, v in want.items():
+            assert torch.allclose(got[k], v, atol=1e-5), k
+
+
+def test_tied_exchange_bytes_equal_hand_counts(runs) -> None:
+    """Stage 0 sends its embedding gradient on the step's distinct ids, stage P − 1 the dense head gradient,
+    exact fp32, counted as kind ``tied`` at link P − 1; the checksum at step 2 adds 8 bytes each way."""
+    from slimpar.train.build import build_data
+    from slimpar.train.validate import load_run_config
+    from tests.helpers import TINY
+
+    cfg = load_run_config(TINY, ["--model.tie_embeddings", "true"])
+    x, _ = build_data(cfg).train_batch(2, 0, 1, B, T)  # the instrumented step (log.measure_step = 2)
+    V, u, activation = cfg.data.vocab_size, len(torch.unique(x)), B * T * D * 4
+    for run, stages, check in (("tied2", 2, 0), ("tied4", 4, 8)):
+        s = summary(runs[run])
+        link = f"b{stages - 1}"  # the tied link is counted as link P − 1
+        tied = {0: {f"{link}_fwd_tied": u * D * 4 + check}, stages - 1: {f"{link}_bwd_tied": V * D * 4 + check}}
+        for stage, record in enumerate(s["per_rank"]):
+            assert _sends(record) == record["pipeline_bytes_sent"]  # counted at the send, c10d agrees
+            payload = {f"b{stage}_fwd_payload": activation} if stage < stages - 1 else {}
+            if stage > 0:
+                payload[f"b{stage - 1}_bwd_payload"] = activation
+            assert record["pipeline_bytes_by_key"] == {**payload, **tied.get(stage, {})}, (run, stage)
+        assert s["shared_param_resyncs"] == 0
 
 
 def test_bytes_counted_at_the_send_equal_c10d_and_hand_counts(runs) -> None:

@@ -31,7 +31,8 @@ BAD = {
     "microbatches not dividing": (["--pipeline.microbatches", "3"], "must divide the per-replica batch"),
     "microbatches not dividing replica batch": (["--parallel.workers", "4", "--pipeline.microbatches", "8"],
                                                 "8 / 2 replicas = 4"),
-    "tied embeddings": (["--model.tie_embeddings", "true"], "add --model.tie_embeddings false"),
+    "tied embeddings with ssn": (["--model.tie_embeddings", "true", "--pipeline.codec", "ssn"],
+                                 "add --model.tie_embeddings false"),
     "anchors without projector": (["--pipeline.anchors", "factorized"], "needs a learned projector codec"),
     "anchors with ssn": (["--pipeline.codec", "ssn", "--pipeline.anchors", "full"], "own fixed token table"),
     "compression not dividing d": (["--pipeline.codec", "mapl", "--pipeline.compression", "3"],
@@ -69,6 +70,11 @@ def test_good_configs_pass() -> None:
                               "--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "65536"])
     cfg = load_run_config(TINY, GOOD + ["--parallel.workers", "1", "--pipeline.virtual", "true"])
     assert cfg.pipeline.virtual and cfg.parallel.workers == 1
+    for stages in ("2", "3"):  # tied embeddings: stage 0 and the last stage keep one weight in sync
+        cfg = load_run_config(TINY, GOOD + ["--model.tie_embeddings", "true", "--parallel.workers", stages,
+                                            "--pipeline.stages", stages, "--pipeline.codec", "mapl",
+                                            "--pipeline.schedule", "gpipe"])
+        assert cfg.model.tie_embeddings
 
 
 def test_overridden_torch_internals_still_exist() -> None:

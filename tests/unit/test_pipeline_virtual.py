@@ -6,7 +6,10 @@
 - bytes per step, per boundary, direction and kind equal hand counts from the shapes for every codec;
 - both copies of every shared parameter (A, symmetric anchors) stay bit-identical and orthonormal;
 - a diverged copy is found by the checksum and resynced, with the bytes counted;
-- inside the pipeline, every RVQ decode on the receiver equals the sender's quantized codes.
+- inside the pipeline, every RVQ decode on the receiver equals the sender's quantized codes;
+- tied embeddings: the same as single-process training of the tied model, stage 0's embedding and the
+  last stage's head (and their AdamW states) bitwise identical after every step, the tied weight's
+  gradient counted once in the clip norm, one tensor in the export, exact fp32 parts on the wire.
 """
 
 from __future__ import annotations
@@ -81,8 +84,9 @@ def _train_single(data, cfg, steps: int):
     return model, losses
 
 
-def test_virtual_pipeline_without_codec_equals_single_process(data) -> None:
-    cfg = _cfg("--pipeline.stages", "3", "--pipeline.microbatches", "4")
+@pytest.mark.parametrize("tie", ["false", "true"])
+def test_virtual_pipeline_without_codec_equals_single_process(data, tie: str) -> None:
+    cfg = _cfg("--pipeline.stages", "3", "--pipeline.microbatches", "4", "--model.tie_embeddings", tie)
     model, ref = _train_single(data, cfg, 4)
     strat, got = _train_virtual(data, cfg, 4)
     assert got == pytest.approx(ref, rel=1e-5)
@@ -94,6 +98,7 @@ def test_virtual_pipeline_without_codec_equals_single_process(data) -> None:
     full = strat.full_state_dict()
     for k, v in model.state_dict().items():
         assert torch.allclose(full[k], v, atol=1e-5), k
+    assert (full["output.weight"] is full["tok_embeddings.weight"]) == (tie == "true")  # as in the model's
 
 
 def test_mapl_full_rank_identity_start_equals_none(data) -> None:
@@ -127,6 +132,9 @@ def _expected_bytes(cfg, x: torch.Tensor, stages: int) -> dict:
             sync += u * pc.anchor_dim * size + u * scale
         if sync:
             out[(b, "fwd", "sync")] = out[(b, "bwd", "sync")] = sync
+    if cfg.model.tie_embeddings:  # link P − 1: stage 0 sends its embedding rows, stage P − 1 the dense head
+        out[(stages - 1, "fwd", "tied")] = len(torch.unique(x)) * D * 4
+        out[(stages - 1, "bwd", "tied")] = cfg.data.vocab_size * D * 4
     return out
 
 
@@ -138,6 +146,9 @@ BYTE_CASES = {
     "mapl_anchors_sync_fp32": ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized",
                                "--pipeline.anchor_dim", "8", "--pipeline.sync_dtype", "fp32"],
     "mapl_sync_bf16": ["--pipeline.codec", "mapl", "--pipeline.sync_dtype", "bf16"],
+    "none_tied": ["--model.tie_embeddings", "true"],
+    "mapl_anchors_tied": ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized", "--pipeline.anchor_dim",
+                          "8", "--model.tie_embeddings", "true"],
 }
 
 
@@ -154,7 +165,7 @@ def test_bytes_per_step_equal_hand_counts(data, name: str) -> None:
     bwd = sum(v for (_, d, _), v in expected.items() if d == "bwd")
     none = 2 * B * T * D * 4  # two boundaries, float32 d per token
     assert summary["comm_bytes_per_step_none"] == none
-    if "anchors" not in name:  # steady traffic: every step the same (anchor rows follow the ids)
+    if "anchors" not in name and "tied" not in name:  # steady traffic (anchor and tied rows follow the ids)
         assert summary["comm_bytes_per_step_fwd"] == fwd and summary["comm_bytes_per_step_bwd"] == bwd
     assert summary["compression_ratio"] == pytest.approx(2 * none / (summary["comm_bytes_per_step_fwd"]
                                                                       + summary["comm_bytes_per_step_bwd"]))
@@ -210,3 +221,42 @@ def test_checksum_finds_and_repairs_a_diverged_copy(data) -> None:
     strat.counter.begin_step()
     assert strat.pipe.check_shared() == 0
     assert dict(strat.counter.step) == {(0, "fwd", "sync"): 8, (0, "bwd", "sync"): 8}
+
+
+def test_tied_embedding_copies_stay_bitwise_identical(data) -> None:
+    """Stage 0's embedding and stage 2's head: identical values and AdamW states after every step (int8
+    A-sync and anchors alongside), the tied gradient once in the clip norm, checksum and resync."""
+    tie = ["--model.tie_embeddings", "true", "--pipeline.microbatches", "2"]
+    cfg = _cfg("--pipeline.stages", "3", "--pipeline.codec", "mapl", "--pipeline.anchors", "factorized", *tie)
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
+    opt = strat.build_optimizer(cfg)
+    emb, head = strat.stages[0].model.tok_embeddings.weight, strat.stages[2].model.output.weight
+    assert emb is not head and torch.equal(emb, head)
+    for step in range(3):
+        _set_lr(opt, cfg, step, 3)
+        opt.zero_grad(set_to_none=True)
+        strat.train_step(step, _batch_fn(data, cfg))
+        assert torch.equal(emb.grad, head.grad)  # the summed gradient, the same bits on both ends
+        strat.clip_grad_norm(cfg.train.grad_clip)
+        opt.step()
+        strat.after_step()
+        assert torch.equal(emb, head), step
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(opt.state[emb][key], opt.state[head][key]), (step, key)
+    with torch.no_grad():
+        head.add_(1e-3)
+    strat.counter.begin_step()
+    assert strat.pipe.check_shared() == 1 and torch.equal(emb, head)  # the head adopts stage 0's copy
+    V = cfg.data.vocab_size
+    assert strat.counter.step[(2, "fwd", "tied")] == 8 + V * D * 4 and strat.counter.step[(2, "bwd", "tied")] == 8
+
+
+def test_tied_gradient_counts_once_in_the_clip_norm(data) -> None:
+    cfg = _cfg("--pipeline.stages", "2", "--pipeline.microbatches", "2", "--model.tie_embeddings", "true")
+    model = build_model(cfg, data)
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
+    x, y = _batch_fn(data, cfg)(0, 0)
+    loss_fn(model(x), y).backward()
+    ref = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+    strat.train_step(0, _batch_fn(data, cfg))
+    assert strat.clip_grad_norm(float("inf")) == pytest.approx(ref, rel=1e-5)

@@ -10,7 +10,8 @@
      ``CodecPipelineStage``: compressed messages forward, compressed gradients backward, every byte
      counted at the send (stage.py);
   3. replicas of a stage average their gradients (one all-reduce over the stage's replica group);
-  4. both ends of each boundary sum their parts of the shared parameters' gradients (sync.py);
+  4. both ends of each boundary sum their parts of the shared parameters' gradients (sync.py), and so
+     do stage 0 and stage P − 1 for a tied embedding and head (exact fp32, a direct P2P link);
 then the trainer clips by the global norm over the pipeline and steps SPEL + AdamW on every rank.
 ``VirtualPipelineStrategy`` runs the same stages and codecs in one process (virtual.py).
 """
@@ -30,10 +31,11 @@ from slimpar.pipeline.pca import calibrate_stage, calibrate_virtual
 from slimpar.pipeline.spec import codec_specs
 from slimpar.pipeline.split import build_stages
 from slimpar.pipeline.stage import CodecPipelineStage
-from slimpar.pipeline.sync import SharedParamSync, run_phases
+from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
 from slimpar.pipeline.virtual import VirtualPipeline
+from slimpar.pipeline.wire import P2PLink
 from slimpar.train.build import loss_fn
-from slimpar.train.strategies.pipeline_base import PipelineStrategyBase
+from slimpar.train.strategies.pipeline_base import PipelineStrategyBase, tie_exported
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -81,6 +83,11 @@ class PipelineStrategy(PipelineStrategyBase):
             self.syncs.append(SharedParamSync(stage.decoder.shared_parameters(), "receiver", self.pp_stage.prev, dtype))
         if stage.encoder is not None and stage.encoder.shared_parameters():
             self.syncs.append(SharedParamSync(stage.encoder.shared_parameters(), "sender", self.pp_stage.next, dtype))
+        if stage.tied_parameters():  # stage 0 (embedding) <-> stage P − 1 (head) of this replica's pipeline
+            first, last = layout.stage == 0, layout.stages - 1
+            link = P2PLink(last, "fwd" if first else "bwd", self.counter, layout.peers()[last if first else 0],
+                           self.groups.pipeline, ctx.device)
+            self.syncs.append(tied_sync(stage.tied_parameters(), "sender" if first else "receiver", link))
 
     @property
     def stage(self):
@@ -134,7 +141,8 @@ class PipelineStrategy(PipelineStrategyBase):
             offset += n
 
     def _touched_rows(self) -> torch.Tensor:
-        """Anchor-table rows with a gradient this step: the distinct ids of every replica's batch.
+        """Anchor-table (and tied-embedding) rows with a gradient this step: the distinct ids of every
+        replica's batch.
 
         After the replica average a row has a gradient if any replica saw its token, so the replicas
         of a stage OR their id masks (V int32 numbers in the replica group, data-parallel traffic);
@@ -189,7 +197,7 @@ class PipelineStrategy(PipelineStrategyBase):
         out: dict[str, torch.Tensor] = {}
         for part in parts or []:
             out.update(part or {})
-        return out
+        return tie_exported(out, self.stage.tied)
 
 
 class VirtualPipelineStrategy(PipelineStrategyBase):
@@ -231,7 +239,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
         return out
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.local_state_dict()
+        return tie_exported(self.local_state_dict(), self.stages[0].tied)
 
 
 def build_pipeline_strategy(cfg, model, ctx):

@@ -116,8 +116,10 @@ class PipelineStrategyBase:
 
     # -- clipping ---------------------------------------------------------------------------------
     def _owned(self) -> list[nn.Parameter]:
-        """Local parameters counted in the global norm: a receiver's copy of a shared parameter is not."""
+        """Local parameters counted in the global norm: a receiver's copy of a shared parameter is not
+        (nor the last stage's copy of a tied embedding: the head's, counted once through stage 0)."""
         copies = {id(p) for s in self.stages if s.decoder is not None for _, p, _ in s.decoder.shared_parameters()}
+        copies |= {id(p) for s in self.stages if s.stage > 0 for _, p, _ in s.tied_parameters()}
         return [p for p in self.parameters() if id(p) not in copies]
 
     def clip_grad_norm(self, max_norm: float) -> float:
@@ -192,6 +194,15 @@ class PipelineStrategyBase:
             out.update({f"codecs.{k}": v.detach().cpu().clone() for k, v in s.codecs.state_dict().items()
                         if isinstance(v, torch.Tensor)})
         return out
+
+
+def tie_exported(state: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:
+    """With tied embeddings, make ``output.weight`` the very tensor of ``tok_embeddings.weight`` (as in the
+    single-process model's state_dict, so the export stores one weight). The two copies are bitwise equal
+    after every step; stage 0's (the exchange's sender end, which a resync copies from) is kept."""
+    if tied and "tok_embeddings.weight" in state and "output.weight" in state:
+        state["output.weight"] = state["tok_embeddings.weight"]
+    return state
 
 
 def _sq_norm(params: list[nn.Parameter]) -> torch.Tensor:

@@ -244,4 +244,8 @@ class SDPStrategy(Strategy):
 
 
 def build_sdp_strategy(cfg: Config, model: nn.Module, ctx) -> SDPStrategy:
+    if cfg.sdp.virtual:  # every worker in this process (slimpar.sdp.virtual)
+        from slimpar.train.strategies.sdp_virtual import build_virtual_sdp_strategy
+
+        return build_virtual_sdp_strategy(cfg, model, ctx)
     return SDPStrategy(cfg, model, ctx)

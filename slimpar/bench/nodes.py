@@ -1,0 +1,153 @@
+"""Two real "nodes" on one machine: two network namespaces joined by one veth pair, one torchrun per node.
+
+``TwoNodes`` builds namespaces ``{prefix}-n0`` and ``{prefix}-n1`` joined directly by a veth pair
+(``{prefix}v0`` in node 0 with 10.77.0.1/24, ``{prefix}v1`` in node 1 with 10.77.0.2/24), each with its own
+loopback up. With ``rate_mbit`` both ends of the pair get the same ``tbf`` limit as
+:class:`~slimpar.bench.links.ThrottledNetwork`'s links, so the inter-node link is limited in both directions,
+while the workers of one node talk over its loopback, unthrottled: the layout of a small cluster with a
+fast intra-node and a slow inter-node network. Latency is not added (no netem here: ``LATENCY_NOTE``).
+
+``run_two_nodes`` then starts in each namespace what an operator types on each host of a real cluster::
+
+    python -m torch.distributed.run --nnodes 2 --nproc_per_node 2 --node_rank k --rdzv_backend c10d \\
+        --rdzv_endpoint 10.77.0.1:PORT --rdzv_id ID -m slimpar train --config ... --out SHARED_DIR ...
+
+with ``GLOO_SOCKET_IFNAME`` = the node's veth so that gloo binds the inter-node interface. Both namespaces
+share this machine's file system, like a cluster with a shared file system, so ``--out`` is one folder.
+Two additions are needed only because both "nodes" share one hostname (there is no UTS namespace):
+``--rdzv_conf is_host=1|0`` tells node 0's agent to host the rendezvous store (on real hosts torchrun finds
+that out by matching the endpoint against its own hostname) and ``--local_addr`` gives each agent its
+address instead of the shared hostname.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import slimpar
+from slimpar.bench.links import LATENCY_NOTE, ThrottledNetwork, _kill, _run, _wait_all, free_port
+
+SUBNET = "10.77.0"  # private range, only ever configured inside the two namespaces this module creates
+# torchrun-, elastic- and process-group variables of an enclosing job must not leak into the nodes' agents
+_JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
+             "MASTER_PORT", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+class TwoNodes(ThrottledNetwork):
+    """Two namespaces ("nodes") on one veth pair, optionally rate-limited with ``tbf`` on both ends.
+
+    A context manager like :class:`ThrottledNetwork` (the same lock file per prefix, stale namespaces of
+    this prefix removed on entry, everything removed on exit, also on errors); needs root and ``ip``
+    (and ``tc`` with a rate). ``namespace(k)``, ``ifname(k)``, ``host_ip(k)`` and ``exec_prefix(k)`` name
+    node ``k``'s pieces; ``link_stats(k)`` reads its veth's counters.
+    """
+
+    def __init__(self, rate_mbit: float | None = None, prefix: str = "spn") -> None:
+        super().__init__(2, rate_mbit, prefix)
+
+    def namespace(self, i: int) -> str:
+        return f"{self.prefix}-n{self._check(i)}"
+
+    def ifname(self, i: int) -> str:
+        return f"{self.prefix}v{self._check(i)}"
+
+    def host_ip(self, i: int) -> str:
+        return f"{SUBNET}.{self._check(i) + 1}"
+
+    def _ours(self) -> re.Pattern[str]:
+        return re.compile(rf"^{re.escape(self.prefix)}-n[01]$")
+
+    def _build(self) -> None:
+        for k in (0, 1):
+            _run(["ip", "netns", "add", self.namespace(k)])
+            _run(["ip", "-n", self.namespace(k), "link", "set", "lo", "up"])
+        # created in node 0 with the peer moved straight into node 1: nothing appears in the machine's namespace
+        _run(["ip", "-n", self.namespace(0), "link", "add", self.ifname(0), "type", "veth", "peer", "name",
+              self.ifname(1), "netns", self.namespace(1)])
+        for k in (0, 1):
+            ns, dev = self.namespace(k), self.ifname(k)
+            _run(["ip", "-n", ns, "addr", "add", f"{self.host_ip(k)}/24", "dev", dev])
+            _run(["ip", "-n", ns, "link", "set", dev, "up"])
+            if self.tbf is not None:
+                _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *self.tbf.tc_args()])
+
+    def qdiscs(self, i: int) -> list[str]:
+        out = _run(["tc", "-n", self.namespace(i), "qdisc", "show", "dev", self.ifname(i)]).stdout
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def netem_available(self) -> bool:
+        probe = ["tc", "-n", self.namespace(0), "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
+        if _run(probe, check=False).returncode != 0:
+            return False
+        _run(["tc", "-n", self.namespace(0), "qdisc", "del", "dev", "lo", "root"], check=False)
+        return True
+
+
+def torchrun_command(nodes: TwoNodes, k: int, port: int, rdzv_id: str, train_args: list[str],
+                     nproc_per_node: int = 2) -> list[str]:
+    """The command node ``k`` runs (without the ``ip netns exec`` prefix): torchrun, then ``slimpar train``."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", str(nproc_per_node),
+            "--node_rank", str(k), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{nodes.host_ip(0)}:{port}",
+            "--rdzv_id", rdzv_id, "--rdzv_conf", f"is_host={int(k == 0)}", "--local_addr", nodes.host_ip(k),
+            "--max_restarts", "0", "--monitor_interval", "0.2", "-m", "slimpar", "train", *train_args]
+
+
+def node_env(nodes: TwoNodes, k: int) -> dict[str, str]:
+    """Node ``k``'s environment: gloo bound to its veth, one thread per worker, slimpar importable."""
+    env = {key: v for key, v in os.environ.items() if not key.startswith("TORCHELASTIC_") and key not in _JOB_VARS}
+    pkg_root = str(Path(slimpar.__file__).resolve().parents[1])
+    env.update(GLOO_SOCKET_IFNAME=nodes.ifname(k), OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536",
+               PYTHONWARNINGS="ignore",
+               PYTHONPATH=os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH", "")) if p))
+    return env
+
+
+def run_two_nodes(nodes: TwoNodes, config: str | Path, out: str | Path, overrides: list[str],
+                  nproc_per_node: int = 2, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Train with one torchrun per node (``2 * nproc_per_node`` workers) and return rank 0's summary.
+
+    ``out`` is the one shared run folder (both nodes see this machine's file system). Each node's
+    torchrun output goes to ``out/nodes/node{k}.{out,err}``. A failing node or the ``timeout_s`` deadline
+    kills both process trees and raises ``RuntimeError`` with that node's stderr. The summary gains
+    ``links``: the inter-node veth byte counters over the run (``veth_tx_bytes[k]`` = bytes node ``k``
+    put on the link, headers included), the rate and qdiscs, the wall-clock time, the two commands and
+    ``LATENCY_NOTE``; the same is written to ``out/links.json``.
+    """
+    out = Path(out).resolve()
+    logs = out / "nodes"
+    logs.mkdir(parents=True, exist_ok=True)
+    port, rdzv_id = free_port(nodes, 0), f"slimpar-{uuid.uuid4().hex[:8]}"
+    train = ["--config", str(Path(config).resolve()), "--out", str(out), *overrides]
+    cmds = [torchrun_command(nodes, k, port, rdzv_id, train, nproc_per_node) for k in (0, 1)]
+    before = [nodes.link_stats(k) for k in (0, 1)]
+    t0 = time.perf_counter()
+    procs: list[subprocess.Popen] = []
+    try:
+        for k in (0, 1):
+            with open(logs / f"node{k}.out", "w") as so, open(logs / f"node{k}.err", "w") as se:
+                procs.append(subprocess.Popen([*nodes.exec_prefix(k), *cmds[k]], stdout=so, stderr=se,
+                                              env=node_env(nodes, k), start_new_session=True))
+    except BaseException:
+        _kill(procs)
+        raise
+    _wait_all(procs, logs, timeout_s, name="node", stem="node")
+    wall = time.perf_counter() - t0
+    after = [nodes.link_stats(k) for k in (0, 1)]
+    links = {
+        "rate_mbit": nodes.rate_mbit, "nodes": 2, "nproc_per_node": nproc_per_node, "wall_s": wall,
+        "veth_tx_bytes": [a["tx_bytes"] - b["tx_bytes"] for a, b in zip(after, before, strict=True)],
+        "veth_rx_bytes": [a["rx_bytes"] - b["rx_bytes"] for a, b in zip(after, before, strict=True)],
+        "qdiscs": [nodes.qdiscs(k) for k in (0, 1)], "latency_applied": False, "note": LATENCY_NOTE,
+        "commands": [" ".join([*nodes.exec_prefix(k), *cmds[k]]) for k in (0, 1)],
+    }
+    (out / "links.json").write_text(json.dumps(links, indent=1))
+    summary = json.loads((out / "summary.json").read_text())
+    return {**summary, "links": links}

@@ -1,0 +1,112 @@
+"""SDP simulated in one process (``sdp.virtual = true``) behind the trainer's strategy interface.
+
+``parallel.workers`` is 1 (one process); ``sdp.virtual_workers`` = N is the number of simulated
+workers. ``train_step`` runs worker 0..N-1 one after another, each on the batch that rank w of the
+N-process run reads (the trainer's ``batch_fn`` with ``dp_rank = w``, ``dp_world = N``), with the
+same gradient accumulation and autocast as the trainer's own forward/backward; the holder averaging,
+clipping, refresh and gather are :class:`slimpar.sdp.virtual.VirtualSDP`'s. The trainer's single
+optimizer over all N workers' parameters is N per-worker AdamWs (AdamW is elementwise, and every
+worker's parameters land in the same decay/no-decay groups as in its own process). The logged loss
+is the mean of the N workers' losses, as the real run's all-reduce gives. Evaluation, export and the
+summary come from :class:`~slimpar.train.strategies.sdp.SDPStrategy` on the gathered full model.
+
+Bytes: nothing is sent, so the run reports the plan's analytic count per worker (``analytic_bytes``
+= the mean over workers, as ``comm_bytes_per_step`` is a mean over ranks in a real run; the list per
+worker beside it). Memory measured in this process is that of all N workers together, not a worker's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from slimpar.parallel.ac import apply_ac, model_blocks
+from slimpar.sdp.plan import analytic_bytes_per_step
+from slimpar.sdp.virtual import VirtualSDP
+from slimpar.train.build import loss_fn
+from slimpar.train.strategies.sdp import SDPStrategy, plan_from_config
+
+
+class VirtualSDPStrategy(SDPStrategy):
+    name = "sdp"
+    eval_sharded = True
+
+    def __init__(self, cfg, model: nn.Module, ctx):  # not SDPStrategy.__init__: it builds the distributed wrapper
+        self.cfg, self.ctx, self.group = cfg, ctx, None
+        n = cfg.sdp.virtual_workers
+        self.plan = plan_from_config(cfg, model, n)
+
+        def parallelize(m: nn.Module) -> None:
+            if cfg.train.activation_checkpointing:
+                apply_ac(model_blocks(m))
+
+        self.wrapper = VirtualSDP(model, self.plan, regime=cfg.sdp.regime, refresh_every=cfg.sdp.refresh_every,
+                                  device=ctx.device, parallelize=parallelize)
+        # parameter names as in the real run's per-worker checkpoints: worker{w}.module.<name>
+        self.model = nn.ModuleDict({f"worker{w}": nn.ModuleDict({"module": m})
+                                    for w, m in enumerate(self.wrapper.modules)})
+        self.module = self.model
+        self.dp_rank, self.dp_world = 0, n
+        self._full: nn.Module | None = None
+        self._data = None
+
+    @property
+    def checkpoint_module(self) -> nn.Module:
+        return self.model
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+    def train_step(self, step: int, batch_fn) -> float:
+        """Every worker's forward and backward on its own batch (then the trainer calls ``after_backward``)."""
+        acc = self.cfg.train.grad_accum
+        totals = []
+        for w, m in enumerate(self.wrapper.modules):
+            self.dp_rank = w  # the trainer's batch_fn reads it: worker w's share of the global batch
+            total = 0.0
+            for micro in range(acc):
+                x, y = batch_fn(step, micro)
+                with self._autocast():
+                    loss = loss_fn(m(x), y) / acc
+                loss.backward()
+                total += float(loss.detach())
+            totals.append(total)
+        self.dp_rank = 0
+        return sum(totals) / len(totals)
+
+    def _autocast(self):
+        if self.cfg.train.dtype == "bf16":
+            return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def extra_metrics(self) -> dict:
+        """The plan's analytic bytes (nothing is sent in one process), as the real run would count them."""
+        clip = 8 if self.cfg.train.grad_clip and self.plan.world_size > 1 else 0
+        per_worker = [analytic_bytes_per_step(self.plan, w)["total"] + clip + self._refresh_bytes_of(w)
+                      for w in range(self.plan.world_size)]
+        return {"analytic_bytes": sum(per_worker) / len(per_worker), "analytic_bytes_per_worker": per_worker,
+                "analytic_ddp_bytes": analytic_bytes_per_step(self.plan, 0)["ddp"] + clip,
+                "virtual_workers": self.plan.world_size}
+
+    def _refresh_bytes_of(self, w: int) -> int:
+        if self.cfg.sdp.regime != "backward" or self.cfg.sdp.refresh_every != 1:
+            return 0
+        return sum(c.elements * 4 for i, c in enumerate(self.plan.components)
+                   if self.plan.holders(i)[0] == w and len(self.plan.holders(i)) < self.plan.world_size)
+
+    def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
+        rows = [(name, value) for name, value in super().summary_rows(summary) if "(measured)" not in name]
+        n = self.plan.world_size
+        return [("virtual SDP", f"{n} workers simulated in one process: memory above is all {n} together, "
+                                "bytes are the plan's analytic count"), *rows]
+
+    def step_metrics(self) -> dict:
+        return {"sdp_refresh_drift": self.wrapper.last_drift} if self.cfg.sdp.regime == "backward" else {}
+
+
+def build_virtual_sdp_strategy(cfg, model: nn.Module, ctx) -> VirtualSDPStrategy:
+    if ctx.group is not None and ctx.world > 1:
+        raise RuntimeError("sdp.virtual = true simulates every worker in one process; run it with --parallel.workers 1")
+    return VirtualSDPStrategy(cfg, model, ctx)
