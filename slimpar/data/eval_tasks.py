@@ -29,14 +29,16 @@ MIN_LINE_CHARS = 20  # stage directions and speaker names are too short to be a 
 
 _ROLLING = {"output_type": "loglikelihood_rolling", "test_split": "test", "doc_to_text": "",
             "doc_to_target": "{{text}}",
-            "metric_list": [{"metric": m} for m in ("bits_per_byte", "byte_perplexity", "word_perplexity")]}
+            "metric_list": [{"metric": m, "aggregation": agg, "higher_is_better": False} for m, agg in (
+                ("bits_per_byte", "bits_per_byte"), ("byte_perplexity", "weighted_perplexity"),
+                ("word_perplexity", "weighted_perplexity"))]}
 TASKS: dict[str, dict] = {
     "slimpar_shakespeare_bpb": _ROLLING,
     "slimpar_wikipedia_bpb": _ROLLING,
     "slimpar_shakespeare_nextline": {
         "output_type": "multiple_choice", "test_split": "test", "doc_to_text": "context",
         "doc_to_choice": "choices", "doc_to_target": "label", "target_delimiter": "\n",
-        "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]},
+        "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm")]},
 }
 
 
