@@ -109,6 +109,10 @@ class SDPStrategy(Strategy):
                     fully_shard(block, mesh=mesh)
                 fully_shard(m, mesh=mesh)
 
+        if cfg.sdp.regime == "backward":
+            # the backward regime keeps views into the full model's tensors for its refresh; moving the model
+            # after they are taken (in parallelize) would leave them pointing at the CPU copies on a GPU
+            model.to(ctx.device)
         self.wrapper = SubnetworkDataParallel(model, self.plan, regime=cfg.sdp.regime, group=ctx.group,
                                               refresh_every=cfg.sdp.refresh_every, fsdp=f, parallelize=parallelize,
                                               fsdp_does_averaging=cfg.sdp.holder_shard, timeout=ctx.timeout)
@@ -117,18 +121,18 @@ class SDPStrategy(Strategy):
         self._data = None  # the run's data, for BatchNorm recalibration at evaluation
 
     @property
-    def checkpoint_module(self) -> nn.Module:
-        """What checkpoints save: without FSDP, this worker's subnetwork under ``worker{rank}.``.
-
-        Workers' tensors of the same name are not replicas here — neuron plans slice different units
-        out of each layer, and in the backward regime a non-holder's copy lags its holders' until the
-        next refresh — so DCP must not deduplicate them; each worker saves and reloads its own
-        (replicated blocks are then stored once per holder). FSDP layouts keep DTensor names, since
-        DCP assembles every DTensor from the shards of all the ranks that hold its name.
-        """
+    def checkpoint_module(self):
+        """What checkpoints save: without FSDP, one copy of the full model and its optimizer state under
+        the model's own names, each component from its first holder, loadable with any worker count,
+        keep or plan and by single/DDP/FSDP2 runs (slimpar.train.sdp_checkpoint). FSDP layouts keep
+        DTensor names (DCP assembles every DTensor from the shards of the ranks that hold its name),
+        so they resume only with the same SDP layout (checked by checkpoint.check_layout)."""
         if self.cfg.sdp.fsdp > 1 or self.cfg.sdp.holder_shard:
             return self.wrapper
-        return nn.ModuleDict({f"worker{self.ctx.rank}": self.wrapper})
+        from slimpar.train.checkpoint import OPTIONS
+        from slimpar.train.sdp_checkpoint import SDPFullState
+
+        return SDPFullState(self.wrapper, OPTIONS)
 
     def no_sync(self):
         return self.wrapper.no_sync()
