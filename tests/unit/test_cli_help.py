@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from slimpar.cli import main
 from slimpar.config import Config, ConfigError, load_config, resolve_config_path, to_dict
 
 
@@ -33,10 +34,10 @@ def test_train_help_lists_every_field_with_default_and_comment(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["llama_tiny", "llama_tiny.toml", "configs/llama_tiny.toml"])
-def test_packaged_config_by_name_outside_the_repository(tmp_path, name):
-    proc = _slimpar("plan", "--config", name, "--parallel.workers", "2", "--json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["connected"] is True
+def test_packaged_config_by_name_outside_the_repository(tmp_path, monkeypatch, capsys, name):
+    monkeypatch.chdir(tmp_path)  # no configs/ folder here
+    assert main(["plan", "--config", name, "--parallel.workers", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["connected"] is True
 
 
 def test_unknown_config_names_the_packaged_ones(tmp_path):
