@@ -18,3 +18,18 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny_run") / "run"
     run_train(out, "--train.steps", "3", "--eval.batches", "2", "--data.ood", "none")
     return out
+
+
+# The 2-worker torch DDP run that several parity tests compare against (test_baselines, test_sdp_parity).
+DDP2_ARGS = ["--parallel.mode", "ddp", "--parallel.workers", "2", "--train.steps", "4", "--eval.batches", "1",
+             "--data.ood", "none", "--checkpoint.final", "false"]
+
+
+@pytest.fixture(scope="session")
+def ddp2_run(tmp_path_factory):
+    """(run folder, overrides) of one 2-worker DDP run of the tiny LLaMA, trained once per session."""
+    from tests.helpers import run_train
+
+    out = tmp_path_factory.mktemp("ddp2") / "run"
+    run_train(out, *DDP2_ARGS)
+    return out, list(DDP2_ARGS)

@@ -11,16 +11,16 @@ import pytest
 
 from tests.helpers import ROOT, TINY, losses, run_train, summary
 
-STEPS = ["--train.steps", "6", "--eval.batches", "2"]
+# the same steps as the shared DDP run (tests/conftest.py), which every other run here is compared with
+STEPS = ["--train.steps", "4", "--eval.batches", "1", "--data.ood", "none", "--checkpoint.final", "false"]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, ddp2_run):
     root = tmp_path_factory.mktemp("baselines")
-    out = {}
+    out = {"ddp": ddp2_run[0]}
     for name, extra in {
         "single": [],
-        "ddp": ["--parallel.mode", "ddp", "--parallel.workers", "2"],
         "fsdp_ac": ["--parallel.mode", "fsdp", "--parallel.workers", "2", "--train.activation_checkpointing", "true"],
     }.items():
         run_train(root / name, *STEPS, *extra)

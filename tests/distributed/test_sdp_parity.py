@@ -25,8 +25,7 @@ from tests.sdp_reference import config_for, expected_comm_bytes
 COMMON = ["--parallel.workers", "2", "--train.steps", "4", "--eval.batches", "1", "--data.ood", "none",
           "--checkpoint.final", "false"]
 SDP = ["--parallel.mode", "sdp", "--sdp.check_every", "1"]
-RUNS = {
-    "ddp": ["--parallel.mode", "ddp"],
+RUNS = {  # and "ddp", the session's shared 2-worker DDP run with the same COMMON settings (tests/conftest.py)
     "sdp_forward_keep1": [*SDP, "--sdp.keep", "1.0"],
     "sdp_backward_keep1": [*SDP, "--sdp.keep", "1.0", "--sdp.regime", "backward"],
 }
@@ -34,10 +33,11 @@ RTOL, ATOL = 1e-4, 1e-5
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[Path, list[str]]]:
+def runs(tmp_path_factory, ddp2_run) -> dict[str, tuple[Path, list[str]]]:
     """Each run once: its out folder and the overrides it was started with."""
     root = tmp_path_factory.mktemp("sdp_parity")
-    out = {}
+    assert sorted(ddp2_run[1]) == sorted([*COMMON, "--parallel.mode", "ddp"])  # the same settings as COMMON
+    out = {"ddp": ddp2_run}
     for name, extra in RUNS.items():
         overrides = [*COMMON, *extra]
         run_train(root / name, *overrides)
