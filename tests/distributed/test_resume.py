@@ -10,17 +10,17 @@ import torch
 from slimpar.train.checkpoint import load_safetensors
 from tests.helpers import ROOT, losses, run_train, summary
 
-ARGS = ["--train.steps", "20", "--eval.batches", "2", "--data.ood", "none"]
+ARGS = ["--train.steps", "3", "--eval.batches", "2", "--data.ood", "none"]  # the settings of the tiny_run fixture
 
 
-def test_resume_continues_exactly(tmp_path):
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    run_train(straight, *ARGS)
-    run_train(split, *ARGS, "--train.stop_after", "10")
-    assert len(losses(split)) == 10 and not (split / "summary.json").exists()
+def test_resume_continues_exactly(tiny_run, tmp_path):
+    """2 steps, a planned stop with its checkpoint, then --resume: equal to the 3 straight steps of tiny_run."""
+    split = tmp_path / "split"
+    run_train(split, *ARGS, "--train.stop_after", "2")
+    assert len(losses(split)) == 2 and not (split / "summary.json").exists()
     run_train(split, *ARGS, resume=True)
-    assert losses(split) == losses(straight)
-    assert summary(split)["val_loss"] == summary(straight)["val_loss"]
+    assert losses(split) == losses(tiny_run)
+    assert summary(split)["val_loss"] == summary(tiny_run)["val_loss"]
 
 
 def test_export_loads_and_evaluates(tiny_run):
