@@ -132,7 +132,8 @@ def bench_mapl(out: Path, quick: bool, steps: int = 100, only: set[str] | None =
     meta = metadata({"quick": quick, "steps": None if quick else steps, "device": device, "gpu": _gpu(device)})
     linked = [r for r in todo if r.name in ("none", "MAPL 4x")] if device == "cpu" else []
     base = {r["row"]: r["summary"] for r in results}
-    throttled = run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base) if linked else []
+    throttled = (run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base, prefix="splm")
+                 if linked else [])
     data = {"meta": meta, "lines": lines, "throttled": throttled, "runs": results}
     write_json(out / "results.json", data)
     links = throttled_markdown(throttled, "none") if linked else ""

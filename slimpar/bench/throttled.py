@@ -23,8 +23,9 @@ TIMING_ONLY = ["--train.steps", "16", "--eval.batches", "1", "--data.ood", "none
 
 
 def run_throttled(rows: list[Row], rates_mbit: list[float], root: Path, world: int,
-                  baseline: dict[str, dict]) -> list[dict]:
-    """Run every row at every rate; ``baseline`` maps row name -> its unthrottled summary."""
+                  baseline: dict[str, dict], prefix: str = "spl") -> list[dict]:
+    """Run every row at every rate; ``baseline`` maps row name -> its unthrottled summary. ``prefix`` names
+    the network namespaces, so that two benchmarks can run at once."""
     if os.geteuid() != 0:
         return [{"error": "throttled links need root (network namespaces); only the simulator ran"}]
     out = []
@@ -35,7 +36,7 @@ def run_throttled(rows: list[Row], rates_mbit: list[float], root: Path, world: i
             if path.exists():
                 summary = json.loads(path.read_text())
             else:
-                with ThrottledNetwork(world, rate) as net:
+                with ThrottledNetwork(world, rate, prefix=prefix) as net:
                     summary = run_in_network(net, str(CONFIGS / Path(row.config).name), run_dir,
                                              ["--log.progress", "false", *row.overrides, *TIMING_ONLY], world)
             out.append(_line(row, rate, summary, baseline.get(row.name, {})))
