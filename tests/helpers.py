@@ -31,3 +31,22 @@ def losses(out: Path) -> list[float]:
 
 def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
+
+
+# Virtual-pipeline unit tests: every stage in one process on the tiny LLaMA.
+VIRTUAL_PIPELINE = ["--model.tie_embeddings", "false", "--parallel.mode", "pipeline", "--pipeline.virtual", "true",
+                    "--train.batch_size", "8", "--pipeline.schedule", "gpipe", "--eval.batches", "1"]
+
+
+def single_process_context():
+    """The RunContext of a one-process run in the current folder (no process group)."""
+    import torch
+
+    from slimpar.train.context import RunContext
+
+    return RunContext(0, 1, torch.device("cpu"), Path("."), None)
+
+
+def batch_fn(data, cfg):
+    """The trainer's batch function of a one-process run."""
+    return lambda step, micro: data.train_batch(step, 0, 1, cfg.train.batch_size, cfg.data.seq_len)

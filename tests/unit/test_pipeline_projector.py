@@ -27,13 +27,11 @@ from slimpar.train.context import RunContext
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
 from slimpar.train.trainer import Trainer
 from slimpar.train.validate import load_run_config
-from tests.helpers import ROOT, TINY
+from tests.helpers import ROOT, TINY, VIRTUAL_PIPELINE, batch_fn, single_process_context
 
-BASE = ["--model.tie_embeddings", "false", "--parallel.mode", "pipeline", "--pipeline.virtual", "true",
-        "--train.batch_size", "8", "--pipeline.schedule", "gpipe", "--eval.batches", "1", "--pipeline.stages", "3",
-        "--pipeline.codec", "mapl", "--pipeline.rank", "16"]
+BASE = [*VIRTUAL_PIPELINE, "--pipeline.stages", "3", "--pipeline.codec", "mapl", "--pipeline.rank", "16"]
 B, T, D, R = 8, 64, 64, 16
-CTX = RunContext(0, 1, torch.device("cpu"), Path("."), None)
+CTX = single_process_context()
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +43,7 @@ def _cfg(*overrides: str):
     return load_run_config(TINY, [*BASE, *overrides])
 
 
-def _batch_fn(data, cfg):
-    return lambda step, micro: data.train_batch(step, 0, 1, cfg.train.batch_size, cfg.data.seq_len)
+_batch_fn = batch_fn
 
 
 def _strategy(data, cfg):

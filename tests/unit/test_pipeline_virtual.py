@@ -15,23 +15,20 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from slimpar.train.build import build_data, build_model, build_optimizer, loss_fn, lr_at
-from slimpar.train.context import RunContext
 from slimpar.train.evaluate import evaluate
 from slimpar.train.strategies.base import Strategy
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
 from slimpar.train.validate import load_run_config
-from tests.helpers import TINY
+from tests.helpers import TINY, VIRTUAL_PIPELINE, batch_fn, single_process_context
 
-BASE = ["--model.tie_embeddings", "false", "--parallel.mode", "pipeline", "--pipeline.virtual", "true",
-        "--train.batch_size", "8", "--pipeline.schedule", "gpipe", "--eval.batches", "1"]
+BASE = VIRTUAL_PIPELINE
 B, T, D = 8, 64, 64
-CTX = RunContext(0, 1, torch.device("cpu"), Path("."), None)
+CTX = single_process_context()
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +40,7 @@ def _cfg(*overrides: str):
     return load_run_config(TINY, [*BASE, *overrides])
 
 
-def _batch_fn(data, cfg):
-    return lambda step, micro: data.train_batch(step, 0, 1, cfg.train.batch_size, cfg.data.seq_len)
+_batch_fn = batch_fn
 
 
 def _set_lr(opt, cfg, step: int, steps: int) -> None:
