@@ -41,6 +41,10 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     from slimpar.train.launch import default_run_folder, launch
 
     out = Path(args.out) if args.out else default_run_folder(config)
+    if cfg.checkpoint.resume:  # the checkpoint a resume would load must fit this run (layout.json): exit 2
+        from slimpar.train.checkpoint import check_resume
+
+        check_resume(out, cfg)
     launch(cfg, out)
     return 0
 

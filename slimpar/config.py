@@ -103,6 +103,10 @@ class SDPConfig:
     level: str = "block"  # block | neuron (SwiGLU d_ff units / BasicBlock inner channels)
     keep: float = 0.5  # fraction C of maskable components each worker holds
     keep_per_worker: list[float] = field(default_factory=list)  # heterogeneous C_i; overrides keep
+    # memory budget per worker (slimpar.sdp.budget; LLaMA, block level, fp32): one size for all, one per worker
+    # or classes COUNTxSIZE, comma-separated in one string; units B, KB/MB/GB (x1000), KiB/MiB/GiB (x1024);
+    # overrides keep, excludes keep_per_worker; "" = off
+    memory_budget: str = ""  # C_i chosen to fit: "120MiB" | "200MiB,120MiB,.." | "2x200MiB,2x100MiB"
     min_holders: int = 1  # every component held by at least this many workers
     assignment: str = "cyclic"  # cyclic | random | explicit
     mask_file: str = ""  # explicit: a file with one 0/1 row per worker
@@ -152,6 +156,8 @@ class PipelineConfig:
     clip_projector: str = "global"  # global (A in the model's clip norm) | separate (clipped on its own) | none
     anchor_init: str = "embedding"  # embedding (symmetric tables start at E_tok·Pᵀ) | zero (no offset at start)
     freeze_projector_after: int = 0  # A stops being updated (and its gradient exchange stops) after N steps; 0 = never
+    dp: str = "ddp"  # ddp (stage replicas hold the whole stage) | sdp (each replica holds a subnetwork of its blocks)
+    sdp_keep: float = 1.0  # dp = sdp: fraction of the stage's blocks each replica holds (SDP's C; 1 with one replica)
     rvq: RVQConfig = field(default_factory=RVQConfig)  # residual vector quantization of the codes
 
 

@@ -30,6 +30,7 @@ from torch import nn
 from torch.func import functional_call
 
 from slimpar.config import Config
+from slimpar.sdp.roots import refresh_roots
 from slimpar.train.build import build_data, build_model, loss_fn, lr_at, total_steps
 from slimpar.train.strategies.sdp import plan_from_config
 from slimpar.train.validate import load_run_config
@@ -244,8 +245,8 @@ def expected_comm_bytes(plan, model: nn.Module, rank: int, regime: str, grad_cli
     """Bytes ``rank`` feeds into collectives in one step, by hand: fp32 gradients of every held
     component with k_c > 1 (its holder group's all-reduce), every shared gradient (all-worker
     all-reduce), one float64 scalar for the global clipping norm, and, in the backward regime, every
-    component this rank broadcasts as first holder in the refresh (components every worker holds are
-    never stale and are not refreshed)."""
+    component this rank broadcasts as its refresh root (the plan's policy, slimpar.sdp.roots; components
+    every worker holds are never stale and are not refreshed)."""
     n = plan.world_size
     if n == 1:
         return 0
@@ -255,5 +256,6 @@ def expected_comm_bytes(plan, model: nn.Module, rank: int, regime: str, grad_cli
     held = [c for c in numel if plan.mask[rank, c]]
     grads = sum(numel[c] for c in held if plan.mask[:, c].sum() > 1) + shared
     stale = [c for c in numel if plan.mask[:, c].sum() < n]
-    refresh = sum(numel[c] for c in stale if plan.mask[:, c].nonzero()[0][0] == rank) if regime == "backward" else 0
+    roots = refresh_roots(plan)
+    refresh = sum(numel[c] for c in stale if roots[c] == rank) if regime == "backward" else 0
     return 4 * (grads + refresh) + (8 if grad_clip else 0)

@@ -67,6 +67,16 @@ def quick_rows() -> list[Row]:
     return [Row(n, TINY, base + o, "llama-tiny") for n, o in rows.items()]
 
 
+# per-rank bytes from summary.json: modelled sent/received (mean and max over ranks), measured wire max
+BYTES_PER_RANK = ("comm_bytes_sent_per_step_mean", "comm_bytes_sent_per_step_max", "comm_bytes_recv_per_step_mean",
+                  "comm_bytes_recv_per_step_max", "wire_bytes_per_step_max")
+BYTES_NOTE = ("\n\nBytes: *into collectives* is the mean over workers of the bytes each fed into collectives and sends "
+              "(a broadcast counted at its root only; the figure committed before max sent/received were reported). "
+              "*Max sent* and *max received* are the largest over workers of the bytes sent and received under gloo's "
+              "algorithms (ring all-reduce 2(k-1)/k each way, binomial-tree broadcast; docs/outputs.md), so a worker "
+              "that sends more than the mean shows here.\n")
+
+
 def aggregate(results: list[dict]) -> list[dict]:
     """One line per (group, row): mean and spread over seeds, ratios to the group's DDP row."""
     lines: dict[tuple[str, str], list[dict]] = {}
@@ -91,10 +101,12 @@ def _line(group: str, name: str, runs: list[dict], ddp: list[dict] | None) -> di
             "val_wikipedia_loss": _m(runs, "val_wikipedia_loss"), "peak_mem_bytes": _m(runs, "peak_mem_bytes"),
             "mem_breakdown": s0.get("mem_breakdown"), "comm_bytes_per_step": _m(runs, "comm_bytes_per_step"),
             "wire_bytes_per_step": _m(runs, "wire_bytes_per_step"), "step_time_s": _m(runs, "step_time_s"),
+            **{key: _m(runs, key) for key in BYTES_PER_RANK},
             "steps": s0.get("steps"), "plan_floor_bytes": _plan_floor(s0), "spectral_gap": _plan(s0, "spectral_gap"),
             "command": runs[0]["command"]}
     if ddp:
-        for key in ("peak_mem_bytes", "comm_bytes_per_step", "step_time_s"):
+        for key in ("peak_mem_bytes", "comm_bytes_per_step", "step_time_s", "comm_bytes_sent_per_step_max",
+                    "comm_bytes_recv_per_step_max"):
             base = _m(ddp, key)
             line[f"{key}_vs_ddp"] = line[key] / base if base and line[key] is not None else None
     return line
@@ -116,19 +128,22 @@ def mib(b) -> str:
 
 def report_markdown(lines: list[dict], meta: dict) -> str:
     headers = ["group", "row", "steps", "val loss (± over seeds)", "bits/byte or acc", "peak mem / worker (MiB)",
-               "× DDP", "bytes / step / worker (MiB)", "× DDP", "plan floor (MiB)", "step time (s)", "× DDP", "ρ"]
+               "× DDP", "bytes into collectives / step / worker, mean (MiB)", "× DDP", "max sent / worker (MiB)",
+               "× DDP", "max received / worker (MiB)", "× DDP", "plan floor (MiB)", "step time (s)", "× DDP", "ρ"]
     rows = []
     for ln in lines:
         val = fmt(ln["val_loss"], 4) + (f" ± {ln['val_loss_spread']:.4f}" if ln["val_loss_spread"] else "")
         quality = fmt(ln["val_bits_per_byte"], 4) if ln["val_bits_per_byte"] else fmt(ln["val_accuracy"], 4)
         rows.append([ln["group"], ln["row"], str(ln["steps"]), val, quality, mib(ln["peak_mem_bytes"]),
                      fmt(ln.get("peak_mem_bytes_vs_ddp"), 2), mib(ln["comm_bytes_per_step"]),
-                     fmt(ln.get("comm_bytes_per_step_vs_ddp"), 2), mib(ln["plan_floor_bytes"]),
+                     fmt(ln.get("comm_bytes_per_step_vs_ddp"), 2), mib(ln.get("comm_bytes_sent_per_step_max")),
+                     fmt(ln.get("comm_bytes_sent_per_step_max_vs_ddp"), 2), mib(ln.get("comm_bytes_recv_per_step_max")),
+                     fmt(ln.get("comm_bytes_recv_per_step_max_vs_ddp"), 2), mib(ln["plan_floor_bytes"]),
                      fmt(ln["step_time_s"], 3), fmt(ln.get("step_time_s_vs_ddp"), 2), fmt(ln["spectral_gap"], 3)])
     head = (f"# slimpar bench sdp\n\nMeasured {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
             f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. Every row is a `slimpar train` run with "
             "4 local gloo workers on this machine, measured side by side in one benchmark run.\n\n")
-    return head + markdown_table(headers, rows) + "\n\nCommands:\n\n" + "\n".join(
+    return head + markdown_table(headers, rows) + BYTES_NOTE + "\nCommands:\n\n" + "\n".join(
         f"- {ln['row']} ({ln['group']}): `{ln['command']}`" for ln in lines) + "\n"
 
 
@@ -144,7 +159,7 @@ def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = 
     first = rows[0].group
     linked = [r for r in rows if r.group == first and r.name in ("DDP", "B-SDP 0.5") and r.seed == rows[0].seed]
     base = {r["row"]: r["summary"] for r in results if r["group"] == first and r["seed"] == rows[0].seed}
-    throttled = run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base)
+    throttled = run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base, prefix="spls")
     data = {"meta": meta, "lines": lines, "throttled": throttled, "runs": results}
     write_json(out / "results.json", data)
     (out / "report.md").write_text(report_markdown(lines, meta) + throttled_markdown(throttled, "DDP"))

@@ -4,7 +4,9 @@ Global rank g runs stage g % P of replica g // P. Every rank creates every group
 (torch requires ``new_group`` to be called collectively): first the R pipeline groups (one per
 replica: the P ranks that pass activations along), then the P replica groups (one per stage: the R
 ranks whose gradients are averaged, DDP-style). With R = 1 the pipeline group is the run's WORLD group
-and no replica group exists.
+and no replica group exists. ``layout_mesh`` views the same groups as a 2-D DeviceMesh (dp × pp), and
+``replica_subgroups`` adds sub-groups of each stage's replica group (e.g. SDP holder groups), again on
+every rank in the same order.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 
 @dataclass(frozen=True)
@@ -64,3 +68,34 @@ def build_groups(layout: PipelineLayout, world_group: dist.ProcessGroup,
     pipelines = [dist.new_group(layout.pipeline_ranks(r), timeout=timeout) for r in range(layout.replicas)]
     replicas = [dist.new_group(layout.replica_ranks(s), timeout=timeout) for s in range(layout.stages)]
     return PipelineGroups(pipelines[layout.replica], replicas[layout.stage], world_group)
+
+
+def layout_mesh(layout: PipelineLayout, groups: PipelineGroups, device_type: str = "cpu") -> DeviceMesh | None:
+    """The layout as a 2-D DeviceMesh with dims ("dp", "pp") over the groups already built (no new groups):
+    ``mesh["dp"]`` is this stage's replica group, ``mesh["pp"]`` this replica's pipeline. None when R = 1."""
+    if groups.replica is None:
+        return None
+    ranks = torch.arange(layout.stages * layout.replicas).view(layout.replicas, layout.stages)
+    return DeviceMesh.from_group([groups.replica, groups.pipeline], device_type, ranks, mesh_dim_names=("dp", "pp"))
+
+
+def replica_subgroups(layout: PipelineLayout, sets_by_stage: list[list[tuple[int, ...]]], groups: PipelineGroups,
+                      timeout: timedelta | None = None) -> dict[tuple[int, ...], dist.ProcessGroup]:
+    """Sub-groups of every stage's replica group, created collectively; returns this rank's stage's.
+
+    ``sets_by_stage[s]`` lists sets of replica indices (0..R−1) of stage s; each is translated to global
+    ranks (replica w of stage s is rank w·P + s). Sets of one replica need no group; the set of all R
+    replicas is the stage's replica group itself. Every rank calls ``new_group`` for every stage's sets,
+    in stage order and sorted within a stage, as torch requires.
+    """
+    everyone = tuple(range(layout.replicas))
+    mine: dict[tuple[int, ...], dist.ProcessGroup] = {}
+    if groups.replica is not None:
+        mine[everyone] = groups.replica
+    for s, sets in enumerate(sets_by_stage):
+        for hs in sorted({tuple(sorted(h)) for h in sets if 1 < len(h) < layout.replicas}):
+            ranks = [layout.replica_ranks(s)[w] for w in hs]
+            g = dist.new_group(ranks, timeout=timeout)
+            if s == layout.stage:
+                mine[hs] = g
+    return mine

@@ -8,8 +8,9 @@ Each worker holds and trains only its subnetwork (METHODS.md Part 1). Communicat
    overlapped with backward (:mod:`slimpar.sdp.sync`); ``sync()`` waits for it;
 3. gradient clipping: one scalar all-reduce gives the norm of the full averaged gradient, so every
    holder clips by the same factor;
-4. backward regime, after the optimizer step: every block is broadcast from its first holder to the
-   workers that do not hold it (``refresh()``, every ``refresh_every`` steps);
+4. backward regime, after the optimizer step: every block is broadcast from one of its holders (roots
+   spread over the holders: :mod:`slimpar.sdp.roots`) to the workers that do not hold it (``refresh()``,
+   every ``refresh_every`` steps);
 5. every ``sdp.check_every`` steps: ``check_replicas()`` compares BLAKE2b digests of the bytes among holders;
    ``gather_full_model()`` broadcasts every component from one holder.
 """
@@ -29,6 +30,7 @@ from slimpar.sdp.apply import Subnet, apply_subnet
 from slimpar.sdp.components import model_components
 from slimpar.sdp.gather import gather_full_model, meta_skeleton
 from slimpar.sdp.plan import Plan
+from slimpar.sdp.roots import refresh_members, refresh_roots
 from slimpar.sdp.sync import GradSync, HolderGroups, Piece, local, make_buckets
 
 
@@ -146,7 +148,8 @@ class SubnetworkDataParallel(nn.Module):
     # ---------------------------------------------------- backward-regime refresh
     @torch.no_grad()
     def refresh(self) -> None:
-        """Backward regime: broadcast each component from its first holder to the workers that do not hold it."""
+        """Backward regime: broadcast each component from its refresh root (the one holder among the broadcast's
+        members, :func:`slimpar.sdp.roots.refresh_roots`) to the workers that do not hold it."""
         self.steps += 1
         if self.regime != "backward" or self.group is None or self.steps % self.refresh_every:
             return
@@ -157,7 +160,8 @@ class SubnetworkDataParallel(nn.Module):
             views = self.sub.views[c]
             flat = torch.cat([v.reshape(-1) for v in views])
             before = flat.clone() if not self.plan.mask[self.rank, c] else None
-            dist.broadcast(flat, src=self.plan.holders(c)[0], group=self.holder_groups.get(members))
+            root = next(w for w in members if self.plan.mask[w, c])
+            dist.broadcast(flat, src=root, group=self.holder_groups.get(members))
             if before is not None:
                 drift = max(drift, float((flat - before).abs().max()))
                 offset = 0
@@ -215,14 +219,9 @@ class SubnetworkDataParallel(nn.Module):
 
 
 def refresh_sets(plan: Plan) -> dict[int, tuple[int, ...]]:
-    """Backward regime: component -> workers in its refresh broadcast (first holder + non-holders);
-    components every worker holds are never stale and are left out."""
-    out = {}
-    for c in range(len(plan.components)):
-        holders = plan.holders(c)
-        if len(holders) < plan.world_size:
-            out[c] = tuple(sorted({holders[0]} | set(range(plan.world_size)) - set(holders)))
-    return out
+    """Backward regime: component -> workers in its refresh broadcast (its root, the only holder among them,
+    + non-holders), in plan order; components every worker holds are never stale and are left out."""
+    return {c: refresh_members(plan, c, root) for c, root in refresh_roots(plan).items()}
 
 
 def _sq(p: Piece) -> torch.Tensor:

@@ -7,6 +7,13 @@ with the step. The optimizer state is flattened to keys named by parameter (``st
 build different param-group lists, and index-keyed groups (``param_groups.0``) would be deduplicated
 across ranks as if they were replicas, losing every rank's groups but one. Data order and
 augmentation are pure functions of (seed, step), so the step is all the loader needs to resume exactly.
+
+Single, DDP, FSDP2 and SDP without FSDP (:mod:`slimpar.train.sdp_checkpoint`: one copy of each
+component, written by its first holder) all save this one *full-name* format, so each resumes from
+the others' checkpoints, SDP with any worker count, keep or plan. ``layout.json`` (listed in the
+manifest) records the format, the model and the parallel layout; :func:`check_layout` compares it with
+the new run's config in the launching process (exit 2) and again in every worker before DCP reads.
+Pipelines, virtual SDP and FSDP-sharded SDP keep names tied to their layout: they resume only with it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from slimpar.config import ConfigError
 from slimpar.train.manifest import ManifestError, verify_manifest, write_manifest
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # keys by parameter name: see above
@@ -41,16 +49,24 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return max(done, key=lambda d: d.name) if done else None
 
 
-def save_checkpoint(out_dir: Path, step: int, model, optimizer, rank: int, group=None, keep_last: int = 0) -> Path:
+def save_checkpoint(out_dir: Path, step: int, model, optimizer, rank: int, group=None, keep_last: int = 0,
+                    layout: dict | None = None) -> Path:
     """Save model + optimizer after ``step`` steps. ``trainer.json`` is written last, by rank 0,
     so a directory without it is an interrupted save and is never resumed from. Then rank 0 keeps
-    only the newest ``keep_last`` complete checkpoints (0 = all): see :func:`prune_checkpoints`."""
+    only the newest ``keep_last`` complete checkpoints (0 = all): see :func:`prune_checkpoints`.
+    ``model`` may be an object with ``state_to_save(optimizer)`` (SDP: this rank's share of the full-name
+    state dicts); ``layout`` (:func:`checkpoint_layout`) is written to ``layout.json`` by rank 0."""
     path = checkpoint_dir(out_dir) / f"step_{step:06d}"
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
+    if hasattr(model, "state_to_save"):
+        model_sd, optim_sd = model.state_to_save(optimizer)
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), process_group=group)
     if dist.is_initialized():
         dist.barrier(group=group)
     if rank == 0:
+        if layout is not None:
+            (path / LAYOUT).write_text(json.dumps(layout, indent=1, sort_keys=True) + "\n")
         tmp = path / "trainer.json.tmp"
         tmp.write_text(json.dumps({"step": step}))
         write_manifest(path, extra={"trainer.json": tmp.read_bytes()})  # sha256 of every file, trainer.json too
@@ -81,10 +97,16 @@ def prune_checkpoints(out_dir: Path, keep_last: int) -> list[Path]:
     return doomed
 
 
-def load_checkpoint(path: Path, model, optimizer, group=None) -> int:
+def load_checkpoint(path: Path, model, optimizer, group=None, layout: dict | None = None) -> int:
     """Load into ``model``/``optimizer`` in place; returns the number of steps already done.
-    The folder is verified first (:func:`verify_checkpoint`): DCP unpickles ``.metadata``."""
+    The folder is verified first (:func:`verify_checkpoint`): DCP unpickles ``.metadata``; with this
+    run's ``layout``, the checkpoint's must be loadable by it (:func:`check_layout`)."""
     step = verify_checkpoint(path)
+    if layout is not None:
+        check_layout(path, layout)
+    if hasattr(model, "load_from"):  # SDP: each worker takes its subnetwork from the full-name state
+        model.load_from(path, optimizer, group)
+        return step
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path), process_group=group)
@@ -116,13 +138,87 @@ def verify_checkpoint(path: Path) -> int:
     return step
 
 
-def check_resume(out_dir: Path) -> Path | None:
+def check_resume(out_dir: Path, cfg=None) -> Path | None:
     """In the launching process, before any process starts: verify the checkpoint a resume would load
-    (the newest complete one in ``out_dir``); None when there is none. Raises ManifestError (exit 2)."""
+    (the newest complete one in ``out_dir``), and with the run's ``cfg`` that it can load it
+    (:func:`check_layout`); None when there is none. Raises ManifestError / ConfigError (exit 2)."""
     path = latest_checkpoint(Path(out_dir))
     if path is not None:
         verify_checkpoint(path)
+        if cfg is not None:
+            check_layout(path, checkpoint_layout(cfg))
     return path
+
+
+# ---------------------------------------------------------------- layout.json: what a checkpoint holds
+
+LAYOUT = "layout.json"
+_TIED = {"sdp": ("level", "keep", "keep_per_worker", "memory_budget", "min_holders", "assignment", "mask_file",
+                 "groups", "regime", "fsdp", "holder_shard", "virtual", "virtual_workers"),
+         "pipeline": ("stages", "codec", "rank", "compression", "anchors", "anchor_dim", "anchor_form", "virtual",
+                      "rvq", "dp", "sdp_keep")}  # fields that name or shape a tied format's tensors
+
+
+def checkpoint_layout(cfg) -> dict:
+    """What a checkpoint of this run holds: its ``names`` ("full": the full model's names, which single,
+    DDP, FSDP2 and SDP without FSDP all write and read), the model, and the parallel layout."""
+    from dataclasses import asdict
+
+    p, s, d = cfg.parallel, cfg.sdp, cfg.data
+    names = {"sdp": "sdp-virtual" if s.virtual else "sdp-fsdp" if s.fsdp > 1 or s.holder_shard else "full",
+             "pipeline": "pipeline"}.get(p.mode, "full")
+    model = {k: v for k, v in asdict(cfg.model).items() if k != "init_from"}  # the checkpoint supersedes init_from
+    model["data"] = ({"kind": d.kind, "tokenizer": d.tokenizer, "vocab_size": d.vocab_size} if d.kind == "text"
+                     else {"kind": d.kind, "image_set": d.image_set})
+    out = {"format": 1, "names": names, "mode": p.mode, "workers": p.workers, "seed": cfg.train.seed, "model": model}
+    section = {"sdp": s, "pipeline": cfg.pipeline}.get(p.mode)
+    if section is not None:
+        out[p.mode] = {k: asdict(section).get(k) for k in _TIED[p.mode]}
+    return out
+
+
+def _describe(layout: dict) -> str:
+    mode, tied = layout.get("mode"), layout.get(layout.get("mode"), {})
+    if mode == "sdp":
+        return (f"SDP ({layout.get('workers')} workers, keep {tied.get('keep')}, {tied.get('level')} level"
+                f"{', FSDP ' + str(tied.get('fsdp')) if layout.get('names') == 'sdp-fsdp' else ''}"
+                f"{', virtual' if tied.get('virtual') else ''})")
+    if mode == "pipeline":
+        return f"pipeline ({tied.get('stages')} stages, codec {tied.get('codec')})"
+    return f"{mode} ({layout.get('workers')} workers)"
+
+
+def check_layout(path: Path, new: dict) -> None:
+    """Raise ConfigError (exit 2) unless a run with layout ``new`` can load the checkpoint at ``path``.
+
+    The model must be the same; "full" checkpoints load into any "full" run (another SDP worker count,
+    keep, level, regime or plan; single, DDP, FSDP2); other formats only into the same layout.
+    Checkpoints without ``layout.json`` (older slimpar) are not checked here."""
+    f = Path(path) / LAYOUT
+    if not f.is_file():
+        return
+    try:
+        old = json.loads(f.read_bytes().decode("utf-8"))
+        if not isinstance(old, dict) or not isinstance(old.get("model"), dict) or "names" not in old:
+            raise ValueError("no names or model")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ManifestError(f"{f} is unreadable ({e}); use another checkpoint or start over with --fresh") from None
+    fix = "resume with the checkpoint's settings, or start over with --fresh (or another --out)"
+    if old["model"] != new["model"]:
+        diff = sorted(k for k in set(old["model"]) | set(new["model"]) if old["model"].get(k) != new["model"].get(k))
+        shown = ", ".join(f"{k}: checkpoint {old['model'].get(k)!r}, this run {new['model'].get(k)!r}" for k in diff)
+        raise ConfigError(f"{path} holds another model ({shown}); a checkpoint loads only into the same model "
+                          f"shape; {fix}")
+    if old["names"] == new["names"] == "full":
+        return
+    if old["names"] != new["names"]:
+        raise ConfigError(f"{path} was written by {_describe(old)}, whose checkpoint names ({old['names']}) a "
+                          f"{_describe(new)} run cannot load; full-model checkpoints (single, DDP, FSDP2, SDP "
+                          f"without sdp.fsdp/holder_shard/virtual) load into each other; {fix}")
+    diff = [k for k in ("workers", "seed", new.get("mode")) if old.get(k) != new.get(k)]
+    if diff:
+        raise ConfigError(f"{path} was written by {_describe(old)}, a layout its checkpoint is tied to; this run "
+                          f"({_describe(new)}) differs in {', '.join(map(str, diff))}; {fix}")
 
 
 def export_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:

@@ -86,17 +86,33 @@ def median_step_time(times: list[float], warmup: int = 2) -> float | None:
 
 
 def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """Max over ranks for memory, mean over ranks for bytes; keeps each rank's numbers too."""
+    """Max over ranks for memory; mean and max over ranks for bytes; keeps each rank's numbers too.
+
+    ``comm_bytes`` is what a rank fed into collectives (a broadcast counted at its root only);
+    ``comm_bytes_sent``/``_recv`` are its modelled bytes sent and received (parallel/comm.traffic)."""
     mem = {k: max(r["mem"].get(k) or 0 for r in per_rank) for k in per_rank[0]["mem"]}
     comm = [r["comm_bytes"] for r in per_rank]
     wire = [r["wire_bytes"] for r in per_rank if r["wire_bytes"] is not None]
-    return {
+    out = {
         "peak_mem_bytes": mem.get("peak_live"),
         "mem_breakdown": mem,
         "comm_bytes_per_step": sum(comm) / len(comm),
         "wire_bytes_per_step": (sum(wire) / len(wire)) if wire else None,
-        "per_rank": per_rank,
+        "wire_bytes_per_step_max": max(wire) if wire else None,
     }
+    for kind in ("sent", "recv"):
+        vals = [r.get(f"comm_bytes_{kind}") for r in per_rank]
+        known = [v for v in vals if v is not None]
+        full = len(known) == len(vals)
+        out[f"comm_bytes_{kind}_per_step_mean"] = sum(known) / len(known) if full else None
+        out[f"comm_bytes_{kind}_per_step_max"] = max(known) if full else None
+    return out | {"per_rank": per_rank}
+
+
+def _mean_max(summary: dict[str, Any], mean: str, most: str) -> str:
+    if summary.get(mean) is None:
+        return "-"
+    return f"{fmt_bytes(summary[mean])} (max {fmt_bytes(summary.get(most))})"
 
 
 def print_summary(summary: dict[str, Any], extra_rows: list[tuple[str, str]] | None = None) -> None:
@@ -115,8 +131,13 @@ def print_summary(summary: dict[str, Any], extra_rows: list[tuple[str, str]] | N
     rows += [("peak memory / worker (live tensors)", fmt_bytes(summary["peak_mem_bytes"]))]
     rows += [(f"  {k}", fmt_bytes(mem.get(k))) for k in ("params", "grads", "optimizer", "activations")]
     rows += [("  peak RSS increase in step (cross-check)", fmt_bytes(mem.get("peak_rss_delta")))]
-    rows += [("bytes / step / worker (collectives)", fmt_bytes(summary["comm_bytes_per_step"])),
-             ("bytes / step / worker (written to wire)", fmt_bytes(summary.get("wire_bytes_per_step")))]
+    rows += [("bytes / step / worker (fed into collectives, mean)", fmt_bytes(summary["comm_bytes_per_step"])),
+             ("bytes sent / step / worker (model: mean, max)",
+              _mean_max(summary, "comm_bytes_sent_per_step_mean", "comm_bytes_sent_per_step_max")),
+             ("bytes received / step / worker (model: mean, max)",
+              _mean_max(summary, "comm_bytes_recv_per_step_mean", "comm_bytes_recv_per_step_max")),
+             ("bytes written to wire / step / worker (mean, max)",
+              _mean_max(summary, "wire_bytes_per_step", "wire_bytes_per_step_max"))]
     st = summary.get("step_time_s")
     rows += [("step time (median)", f"{st * 1000:.1f} ms" if st else "-"),
              ("tokens or samples / s", f"{summary['tokens_per_s']:.0f}" if summary.get("tokens_per_s") else "-")]

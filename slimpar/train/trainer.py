@@ -19,7 +19,13 @@ from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.parallel.comm import StepInstrument, wire_bytes_written
 from slimpar.train import memory
 from slimpar.train.build import build_data, build_model, build_optimizer, loss_fn, lr_at, total_steps
-from slimpar.train.checkpoint import export_safetensors, latest_checkpoint, load_checkpoint, save_checkpoint
+from slimpar.train.checkpoint import (
+    checkpoint_layout,
+    export_safetensors,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from slimpar.train.context import RunContext
 from slimpar.train.evaluate import evaluate
 from slimpar.train.guard import StepGuard, check_export
@@ -88,7 +94,8 @@ class Trainer:
         if cfg.checkpoint.resume:  # auto: the newest complete checkpoint, if any (--fresh: none)
             path = latest_checkpoint(ctx.out_dir)
             if path is not None:
-                self.start = load_checkpoint(path, self._checkpoint_module(), self.optimizer, ctx.group)
+                self.start = load_checkpoint(path, self._checkpoint_module(), self.optimizer, ctx.group,
+                                             checkpoint_layout(cfg))
         self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
 
     # ------------------------------------------------------------------ step
@@ -194,6 +201,7 @@ class Trainer:
             "comm_bytes": inst.comm_bytes,
             "comm_by_op": dict(inst.comm),
             "comm_calls": dict(inst.calls),
+            **inst.traffic(),  # modelled bytes sent and received (parallel/comm.traffic)
             "wire_bytes": (wire1 - wire0) if wire0 is not None and wire1 is not None else None,
             **self.strategy.extra_metrics(),
         }
@@ -227,7 +235,7 @@ class Trainer:
         progress.close()
         if end < self.total:  # a planned stop: save and leave the rest to --resume
             save_checkpoint(ctx.out_dir, end, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group,
-                            cfg.checkpoint.keep_last)
+                            cfg.checkpoint.keep_last, checkpoint_layout(cfg))
             return
         self._finish()
 
@@ -261,7 +269,7 @@ class Trainer:
         if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and not last:
             ctx = self.ctx
             save_checkpoint(ctx.out_dir, done, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group,
-                            cfg.checkpoint.keep_last)
+                            cfg.checkpoint.keep_last, checkpoint_layout(cfg))
 
     def _evaluate(self) -> dict:
         if hasattr(self.strategy, "evaluate"):
@@ -273,7 +281,7 @@ class Trainer:
         results = self._evaluate()
         if cfg.checkpoint.final and self.start < self.total:
             save_checkpoint(ctx.out_dir, self.total, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group,
-                            cfg.checkpoint.keep_last)
+                            cfg.checkpoint.keep_last, checkpoint_layout(cfg))
         full = self.strategy.full_state_dict() if cfg.checkpoint.export else None
         per_rank = [self.measured] * 1
         if ctx.group is not None:

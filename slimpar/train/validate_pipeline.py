@@ -28,6 +28,7 @@ PIPELINE_RANGES: dict[str, Range] = {
     "pipeline.checksum_every": Range(0, why="0 = never"),
     "pipeline.pca_batches": Range(1, why="training batches for the pca start"),
     "pipeline.freeze_projector_after": Range(0, why="0 = never"),
+    "pipeline.sdp_keep": Range(0, 1, lo_open=True, why="fraction of a stage's blocks each replica holds"),
     "pipeline.rvq.levels": Range(0, why="0 = no RVQ"), "pipeline.rvq.codebook": Range(2),
     "pipeline.rvq.decay": Range(0, 1, hi_open=True, why="EMA decay of the codebooks"),
     "pipeline.rvq.commitment": Range(0), "pipeline.rvq.sync_every": Range(0),
@@ -45,6 +46,7 @@ def validate_pipeline(cfg: Config) -> None:
     _check_codec(cfg, lc.dim)
     _check_rvq(cfg)
     _check_projector(cfg)
+    _check_hybrid(cfg)
     if lc.tie_embeddings and cfg.pipeline.codec == "ssn":
         raise ConfigError("codec 'ssn' replaces the token embedding by a fixed random table plus a subspace part, "
                           "which the output head cannot share; add --model.tie_embeddings false")
@@ -66,6 +68,7 @@ def _check_choices(cfg: Config) -> None:
     _choice("pipeline.spel_schedule", pc.spel_schedule, SPEL_SCHEDULES)
     _choice("pipeline.clip_projector", pc.clip_projector, ("global", "separate", "none"))
     _choice("pipeline.anchor_init", pc.anchor_init, ("embedding", "zero"))
+    _choice("pipeline.dp", pc.dp, ("ddp", "sdp"))
 
 
 def _check_layout(cfg: Config, n_layers: int) -> None:
@@ -146,3 +149,17 @@ def _check_projector(cfg: Config) -> None:
     if pc.projector_init == "pca" and pc.codec != "mapl":
         raise ConfigError(f"pipeline.projector_init = 'pca' starts MAPL's Stiefel projector A; codec {pc.codec!r} "
                           "has none (use --pipeline.codec mapl, or --pipeline.projector_init random)")
+
+
+def _check_hybrid(cfg: Config) -> None:
+    """SDP inside the stages (docs/pipeline.md, "Hybrid: SDP inside pipeline stages")."""
+    pc = cfg.pipeline
+    if pc.dp == "ddp" and pc.sdp_keep != 1:
+        raise ConfigError(f"pipeline.sdp_keep = {pc.sdp_keep:g} applies to SDP inside the stages; "
+                          "add --pipeline.dp sdp")
+    if pc.dp == "sdp" and pc.virtual:
+        raise ConfigError("pipeline.dp = 'sdp' shares a stage's blocks among its data-parallel replicas, and "
+                          "pipeline.virtual = true runs one replica in one process; use --parallel.workers stages × R")
+    if pc.dp == "sdp" and cfg.sdp.assignment == "explicit":
+        raise ConfigError("pipeline.dp = 'sdp' plans every stage over its replicas (cyclic or random); "
+                          "sdp.assignment = 'explicit' is not supported there")

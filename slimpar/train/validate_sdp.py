@@ -50,7 +50,35 @@ def validate_sdp(cfg: Config) -> None:
         raise ConfigError("sdp.assignment = 'explicit' needs --sdp.mask_file FILE (one 0/1 row per worker)")
     if s.assignment != "explicit" and s.mask_file:
         raise ConfigError("sdp.mask_file is only read with --sdp.assignment explicit")
+    if s.memory_budget:
+        _check_memory_budget(cfg)
     _check_plan(cfg)
+
+
+def _check_memory_budget(cfg: Config) -> None:
+    """sdp.memory_budget: valid sizes for the workers, in the setting the activation model describes
+    (slimpar.sdp.budget: fp32 LLaMA blocks, forward masking, no activation checkpointing)."""
+    from slimpar.sdp.budget import parse_budgets
+
+    s, t = cfg.sdp, cfg.train
+    if s.keep_per_worker:
+        raise ConfigError("sdp.memory_budget and sdp.keep_per_worker both choose each worker's keep C_i; "
+                          "give one of them")
+    unsupported = [why for bad, why in (
+        (cfg.model.arch != "llama", f"--model.arch llama (got {cfg.model.arch})"),
+        (s.level != "block", "--sdp.level block"), (s.regime != "forward", "--sdp.regime forward"),
+        (s.assignment == "explicit", "--sdp.assignment cyclic or random (an explicit mask fixes the keeps)"),
+        (s.fsdp != 1 or s.holder_shard or s.virtual, "--sdp.fsdp 1 without holder_shard or virtual"),
+        (t.activation_checkpointing, "--train.activation_checkpointing false"),
+        (t.dtype != "fp32", "--train.dtype fp32"), (t.grad_accum != 1, "--train.grad_accum 1")) if bad]
+    if unsupported:
+        raise ConfigError("sdp.memory_budget predicts the peak of fp32, forward-masked LLaMA block subnetworks "
+                          "without activation checkpointing or accumulation; set " + ", ".join(unsupported) +
+                          ", or choose the keeps yourself with --sdp.keep_per_worker")
+    try:
+        parse_budgets(s.memory_budget, cfg.parallel.workers)
+    except PlanError as e:
+        raise ConfigError(f"sdp.memory_budget: {e}") from None
 
 
 def _check_virtual(cfg: Config) -> None:

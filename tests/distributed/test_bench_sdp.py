@@ -24,10 +24,16 @@ def test_quick_sdp_benchmark(tmp_path):
     assert b["comm_bytes_per_step"] == b["plan_floor_bytes"]  # exactly the plan's holder-group bytes
     assert b["comm_bytes_per_step_vs_ddp"] < 0.7
     assert lines["Bb-SDP 0.5"]["mem_breakdown"]["grads"] < lines["DDP"]["mem_breakdown"]["grads"]
+    bb = lines["Bb-SDP 0.5"]  # refresh roots spread over the holders: no worker sends more than under DDP
+    assert 0 < bb["comm_bytes_sent_per_step_max_vs_ddp"] < 1 and bb["comm_bytes_recv_per_step_max_vs_ddp"] < 1
+    for ln in lines.values():
+        assert ln["comm_bytes_sent_per_step_max"] >= ln["comm_bytes_sent_per_step_mean"] > 0
+        assert ln["wire_bytes_per_step_max"] >= ln["wire_bytes_per_step"] > 0
     assert 0 < b["spectral_gap"] <= 1
     throttled = data["throttled"]
     assert {t["row"] for t in throttled} == {"DDP", "B-SDP 0.5"} and all(t["step_time_s"] > 0 for t in throttled)
     report = (out / "report.md").read_text()
     assert "| llama-tiny | B-SDP 0.5 |" in report and "Low-bandwidth links" in report
+    assert "max sent / worker (MiB)" in report and "max received / worker (MiB)" in report
     for png in ("memory_llama-tiny.png", "loss_curves_llama-tiny.png", "loss_vs_memory_llama-tiny.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"

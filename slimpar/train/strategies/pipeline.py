@@ -9,7 +9,8 @@
   2. the schedule (GPipe or 1F1B from torch.distributed.pipelining) runs M microbatches through a
      ``CodecPipelineStage``: compressed messages forward, compressed gradients backward, every byte
      counted at the send (stage.py);
-  3. replicas of a stage average their gradients (one all-reduce over the stage's replica group);
+  3. replicas of a stage average their gradients (one all-reduce over the stage's replica group; with
+     ``pipeline.dp = "sdp"`` each block over its holders only, hybrid.py);
   4. both ends of each boundary sum their parts of the shared parameters' gradients (sync.py), and so
      do stage 0 and stage P − 1 for a tied embedding and head (exact fp32, a direct P2P link);
 then the trainer clips by the global norm over the pipeline and steps SPEL + AdamW on every rank.
@@ -248,4 +249,8 @@ def build_pipeline_strategy(cfg, model, ctx):
         return VirtualPipelineStrategy(cfg, model, ctx)
     if ctx.group is None:
         raise RuntimeError("a distributed pipeline needs a process group; use --pipeline.virtual true for one process")
+    if cfg.pipeline.dp == "sdp":  # SDP among each stage's replicas (hybrid.py)
+        from slimpar.train.strategies.hybrid import HybridPipelineStrategy
+
+        return HybridPipelineStrategy(cfg, model, ctx)
     return PipelineStrategy(cfg, model, ctx)

@@ -28,6 +28,18 @@ def plan_from_config(cfg: Config, model: nn.Module, workers: int | None = None) 
     comps, shared, shared_bytes = model_components(model, s.level, groups, **kw)
     params = dict(model.named_parameters())
     keep = s.keep_per_worker or s.keep
+    memory = None
+    if s.memory_budget:  # C_i from each worker's budget; the analytic LLaMA activation model (slimpar.sdp.budget)
+        from slimpar.sdp import budget
+
+        budgets = budget.parse_budgets(s.memory_budget, n)
+        m, t = model.cfg, cfg.train
+        tokens = -(-t.batch_size // (n * t.grad_accum)) * cfg.data.seq_len  # per worker and micro-batch
+        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+        per_block, fixed = budget.llama_activation_bytes(tokens, m.dim, m.ffn_dim, m.n_heads, m.vocab_size, buffers)
+        keep = budget.keep_for_budgets(comps, shared_bytes, budgets, per_block, fixed, s.min_holders)
+        memory = {"budgets": budgets, "tokens_per_worker": tokens, "activation_bytes_per_block": per_block,
+                  "fixed_bytes": fixed, "state_factor": 4}
     mask = load_mask_file(s.mask_file) if s.assignment == "explicit" else None
     assignment = s.assignment
     if s.level == "neuron" and mask is None:
@@ -39,6 +51,12 @@ def plan_from_config(cfg: Config, model: nn.Module, workers: int | None = None) 
                            shared_numel=sum(params[k].numel() for k in shared))
     if assignment != s.assignment:
         plan.assignment = f"{s.assignment} per layer"
+    if memory is not None:  # what each worker really holds, checked against its budget; summary.json reports it
+        peaks = budget.plan_peaks(plan, memory["activation_bytes_per_block"], memory["fixed_bytes"])
+        budget.check_budgets(peaks, memory["budgets"])
+        plan.memory_prediction = {**memory, "predicted_static_bytes": [p["static"] for p in peaks],
+                                  "predicted_activation_bytes": [p["activations"] for p in peaks],
+                                  "predicted_peak_mem_bytes": [p["peak"] for p in peaks]}
     return plan
 
 
@@ -195,10 +213,17 @@ class SDPStrategy(Strategy):
 
     def summary_extras(self) -> dict:
         p = self.plan
-        return {"sdp_plan": {"assignment": p.assignment, "keep_per_worker": p.keep_per_worker,
-                             "holders_per_component": p.holders_per_component, "connected": p.connected,
-                             "spectral_gap": p.spectral_gap, "masking_error": p.masking_error,
-                             "bytes_per_worker": p.bytes_per_worker}}
+        out = {"sdp_plan": {"assignment": p.assignment, "keep_per_worker": p.keep_per_worker,
+                            "holders_per_component": p.holders_per_component, "connected": p.connected,
+                            "spectral_gap": p.spectral_gap, "masking_error": p.masking_error,
+                            "bytes_per_worker": p.bytes_per_worker}}
+        memory = getattr(p, "memory_prediction", None)
+        if memory is None:
+            return out
+        # sdp.memory_budget: worker i's prediction sits next to per_rank[i]["mem"] (rank i is worker i: fsdp = 1)
+        out["sdp_memory"] = {**memory, "model": "peak = 4 (shared + held param bytes) + held blocks x "
+                                                 "activation_bytes_per_block + fixed_bytes (slimpar.sdp.budget)"}
+        return out
 
     def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
         """Closing-table rows that put this run next to DDP for the same model (from the plan)."""
@@ -210,7 +235,7 @@ class SDPStrategy(Strategy):
         ddp_static = 4 * full_params  # fp32 params + grads + AdamW's two moments, every worker
         mine = summary["mem_breakdown"]
         held = sum(mine.get(k) or 0 for k in ("params", "grads", "optimizer"))
-        return [
+        rows = [
             ("SDP plan", f"{self.plan.assignment}, keep {self.plan.keep_per_worker[0]:.3g}, "
                          f"spectral gap {self.plan.spectral_gap:.3f}"),
             ("params+grads+optimizer / worker: SDP (measured)", fmt_bytes(held)),
@@ -218,6 +243,14 @@ class SDPStrategy(Strategy):
             ("gradient bytes / step / worker: SDP plan floor", fmt_bytes(a["total"])),
             ("gradient bytes / step / worker: DDP (from the plan)", fmt_bytes(a["ddp"])),
         ]
+        memory, per_rank = getattr(self.plan, "memory_prediction", None), summary.get("per_rank") or []
+        if memory is not None:  # sdp.memory_budget: each worker's keep, budget, predicted and measured peak
+            for i, (c, b, pred) in enumerate(zip(self.plan.keep_per_worker, memory["budgets"],
+                                                 memory["predicted_peak_mem_bytes"], strict=True)):
+                measured = per_rank[i]["mem"].get("peak_live") if i < len(per_rank) else None
+                rows.append((f"worker {i}: keep {c:.3g}, budget {fmt_bytes(b)}",
+                             f"peak {fmt_bytes(pred)} predicted, {fmt_bytes(measured)} measured"))
+        return rows
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.eval_module().state_dict())
@@ -240,11 +273,17 @@ class SDPStrategy(Strategy):
         return {"analytic_bytes": a["total"] + clip + self._refresh_bytes(), "analytic_ddp_bytes": a["ddp"] + clip}
 
     def _refresh_bytes(self) -> int:
-        """Backward regime: bytes this rank broadcasts as first holder in the per-step refresh."""
-        if self.cfg.sdp.regime != "backward" or self.cfg.sdp.refresh_every != 1:
-            return 0
-        return sum(c.elements * 4 for i, c in enumerate(self.plan.components)
-                   if self.plan.holders(i)[0] == self.ctx.rank and len(self.plan.holders(i)) < self.plan.world_size)
+        """Backward regime: bytes this rank broadcasts as a refresh root (slimpar.sdp.roots) each step."""
+        return refresh_root_bytes(self.cfg, self.plan, self.ctx.rank)
+
+
+def refresh_root_bytes(cfg: Config, plan: Plan, worker: int) -> int:
+    """Bytes ``worker`` feeds into the per-step refresh broadcasts as their root (backward regime)."""
+    if cfg.sdp.regime != "backward" or cfg.sdp.refresh_every != 1:
+        return 0
+    from slimpar.sdp.roots import refresh_roots
+
+    return sum(plan.components[c].elements * 4 for c, root in refresh_roots(plan).items() if root == worker)
 
 
 def build_sdp_strategy(cfg: Config, model: nn.Module, ctx) -> SDPStrategy:

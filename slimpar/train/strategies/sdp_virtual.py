@@ -26,7 +26,7 @@ from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.sdp.plan import analytic_bytes_per_step
 from slimpar.sdp.virtual import VirtualSDP
 from slimpar.train.build import loss_fn
-from slimpar.train.strategies.sdp import SDPStrategy, plan_from_config
+from slimpar.train.strategies.sdp import SDPStrategy, plan_from_config, refresh_root_bytes
 
 
 class VirtualSDPStrategy(SDPStrategy):
@@ -91,10 +91,7 @@ class VirtualSDPStrategy(SDPStrategy):
                 "virtual_workers": self.plan.world_size}
 
     def _refresh_bytes_of(self, w: int) -> int:
-        if self.cfg.sdp.regime != "backward" or self.cfg.sdp.refresh_every != 1:
-            return 0
-        return sum(c.elements * 4 for i, c in enumerate(self.plan.components)
-                   if self.plan.holders(i)[0] == w and len(self.plan.holders(i)) < self.plan.world_size)
+        return refresh_root_bytes(self.cfg, self.plan, w)
 
     def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
         rows = [(name, value) for name, value in super().summary_rows(summary) if "(measured)" not in name]
