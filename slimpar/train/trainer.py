@@ -46,6 +46,10 @@ def build_strategy(cfg: Config, model, ctx: RunContext):
     from slimpar.train.strategies.base import DDPStrategy, FSDPStrategy, Strategy
 
     mode = cfg.parallel.mode
+    if mode == "sdp" and cfg.sdp.virtual:  # every worker in this process (slimpar.sdp.virtual)
+        from slimpar.train.strategies.sdp_virtual import build_virtual_sdp_strategy
+
+        return build_virtual_sdp_strategy(cfg, model, ctx)
     if mode == "sdp":
         from slimpar.train.strategies.sdp import build_sdp_strategy
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slimpar.config import Config, ConfigError, load_config
 from slimpar.config import check_choice as _choice
+from slimpar.train.ranges import Range
 
 ARCHS = ("llama", "resnet18", "wrn18", "swin")
 MODES = ("single", "ddp", "fsdp", "sdp", "pipeline")
@@ -27,29 +27,6 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
 def _positive(where: str, value: float, zero_ok: bool = False) -> None:
     if value < 0 or (value == 0 and not zero_ok):
         raise ConfigError(f"{where} must be {'>= 0' if zero_ok else '> 0'}, got {value}")
-
-
-@dataclass(frozen=True)
-class Range:
-    """The allowed interval of one numeric field; ``None`` bounds are open-ended."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False  # exclude lo itself (e.g. a learning rate must be > 0)
-    hi_open: bool = False  # exclude hi itself (e.g. an Adam beta must be < 1)
-    why: str = ""  # what the field means, so the message explains the bound
-
-    def contains(self, v: float) -> bool:
-        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
-            return False
-        return self.hi is None or (v < self.hi or (not self.hi_open and v == self.hi))
-
-    def describe(self) -> str:
-        if self.lo is not None and self.hi is not None:
-            return f"in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
-        if self.lo is not None:
-            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
-        return f"{'<' if self.hi_open else '<='} {self.hi:g}"
 
 
 MAX_EVAL_BATCH = 1 << 16  # a validation batch above this would allocate for minutes before failing

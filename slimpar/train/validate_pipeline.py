@@ -12,7 +12,7 @@ from slimpar.optim.spel import SPEL_SCHEDULES
 from slimpar.pipeline.spec import CODECS, PROJECTOR_CODECS, resolve_rank
 from slimpar.pipeline.sync import SYNC_DTYPES
 from slimpar.train.build import llama_config
-from slimpar.train.validate import Range
+from slimpar.train.ranges import Range
 
 MAX_STAGES = 8
 MAX_CODEBOOK = 1 << 16

@@ -8,8 +8,8 @@ from slimpar.config import Config, ConfigError
 from slimpar.config import check_choice as _choice
 from slimpar.sdp.plan import PlanError
 from slimpar.train.build import build_model
+from slimpar.train.ranges import Range
 from slimpar.train.strategies.sdp import plan_from_config
-from slimpar.train.validate import Range
 
 # The [sdp] numbers, checked in every mode by slimpar.train.validate.check_numbers (a wrong value is a
 # mistake even where the section is unused); the SDP-only rules below need parallel.mode = "sdp".

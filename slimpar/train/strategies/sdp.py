@@ -287,8 +287,5 @@ def refresh_root_bytes(cfg: Config, plan: Plan, worker: int) -> int:
 
 
 def build_sdp_strategy(cfg: Config, model: nn.Module, ctx) -> SDPStrategy:
-    if cfg.sdp.virtual:  # every worker in this process (slimpar.sdp.virtual)
-        from slimpar.train.strategies.sdp_virtual import build_virtual_sdp_strategy
-
-        return build_virtual_sdp_strategy(cfg, model, ctx)
+    """SDP over real processes (the virtual one, ``sdp.virtual``, is built by sdp_virtual.py)."""
     return SDPStrategy(cfg, model, ctx)
