@@ -86,7 +86,8 @@ def replica_subgroups(layout: PipelineLayout, sets_by_stage: list[list[tuple[int
     ``sets_by_stage[s]`` lists sets of replica indices (0..R−1) of stage s; each is translated to global
     ranks (replica w of stage s is rank w·P + s). Sets of one replica need no group; the set of all R
     replicas is the stage's replica group itself. Every rank calls ``new_group`` for every stage's sets,
-    in stage order and sorted within a stage, as torch requires.
+    in stage order and sorted within a stage, as torch requires. The result holds the sets this rank
+    is in (and the set of all replicas).
     """
     everyone = tuple(range(layout.replicas))
     mine: dict[tuple[int, ...], dist.ProcessGroup] = {}
@@ -96,6 +97,6 @@ def replica_subgroups(layout: PipelineLayout, sets_by_stage: list[list[tuple[int
         for hs in sorted({tuple(sorted(h)) for h in sets if 1 < len(h) < layout.replicas}):
             ranks = [layout.replica_ranks(s)[w] for w in hs]
             g = dist.new_group(ranks, timeout=timeout)
-            if s == layout.stage:
+            if s == layout.stage and layout.replica in hs:  # others get a non-member placeholder
                 mine[hs] = g
     return mine

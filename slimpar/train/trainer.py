@@ -54,6 +54,10 @@ def build_strategy(cfg: Config, model, ctx: RunContext):
         from slimpar.train.strategies.sdp import build_sdp_strategy
 
         return build_sdp_strategy(cfg, model, ctx)
+    if mode == "pipeline" and cfg.pipeline.dp == "sdp" and not cfg.pipeline.virtual:  # SDP among stage replicas
+        from slimpar.train.strategies.hybrid import HybridPipelineStrategy
+
+        return HybridPipelineStrategy(cfg, model, ctx)
     if mode == "pipeline":
         from slimpar.train.strategies.pipeline import build_pipeline_strategy
 

@@ -2,7 +2,7 @@
 
 - keep 1 with codec ``none``, 2 stages × 2 replicas: the same losses and exported weights as pipeline × DDP;
 - one replica (2 stages × 1): the same as the plain pipeline (keep is forced to 1, SDP with one worker is a no-op);
-- keep 0.5 with codec ``mapl``, 2 stages × 2 replicas: finite losses, holders bit-identical after every step
+- keep 0.5 with codec ``mapl``, 2 stages × 2 and × 4 replicas: finite losses, holders bit-identical after every step
   (``sdp.check_every 1`` raises otherwise), A orthonormal, and the holder-group bytes equal the hand count
   from the plan, reported apart from the boundary bytes.
 """
@@ -27,6 +27,9 @@ RUNS = {
     "one_replica": ["--parallel.workers", "2", *HYBRID, "--pipeline.sdp_keep", "0.5"],
     "mapl": ["--parallel.workers", "4", *HYBRID, "--pipeline.sdp_keep", "0.5", "--pipeline.codec", "mapl",
              "--sdp.check_every", "1", "--checkpoint.export", "false"],
+    # 4 replicas: holder sets {0,1}, {1,2}, {2,3}, {0,3} are proper sub-groups of each stage's replica group
+    "mapl8": ["--parallel.workers", "8", *HYBRID, "--pipeline.sdp_keep", "0.5", "--pipeline.codec", "mapl",
+              "--sdp.check_every", "1", "--checkpoint.export", "false"],
 }
 
 
@@ -50,11 +53,12 @@ def test_hybrid_equals_pipeline(runs, run: str, ref: str) -> None:
     assert all(min(k) == h["replicas"] for k in h["holders_per_component"])  # every replica holds every block
 
 
-def test_keep_half_with_mapl(runs) -> None:
+@pytest.mark.parametrize("run", ["mapl", "mapl8"])
+def test_keep_half_with_mapl(runs, run: str) -> None:
     from slimpar.models.llama import Llama, LlamaConfig
 
-    s = summary(runs["mapl"])
-    assert all(math.isfinite(x) for x in losses(runs["mapl"]))
+    s = summary(runs[run])
+    assert all(math.isfinite(x) for x in losses(runs[run]))
     assert s["max_orth_error"] <= 1e-5
     h = s["hybrid"]
     assert h["replica_checks"] == 3  # every step: holders (and the replicas' shared parts) bit-identical
@@ -77,5 +81,6 @@ def test_keep_half_with_mapl(runs) -> None:
         assert sends == r["pipeline_bytes_sent"]
     assert s["comm_bytes_per_step_fwd"] > 0 and s["comm_bytes_per_step_bwd"] > 0
     # with keep 0.5 the replicas hold fewer block parameters in all than pipeline × DDP
-    held = [sum(r["mem"]["params"] for r in summary(runs[x])["per_rank"]) for x in ("mapl", "ddp")]
+    held = [sum(r["mem"]["params"] for r in summary(runs[x])["per_rank"]) / len(summary(runs[x])["per_rank"])
+            for x in (run, "ddp")]
     assert held[0] < held[1]

@@ -249,8 +249,4 @@ def build_pipeline_strategy(cfg, model, ctx):
         return VirtualPipelineStrategy(cfg, model, ctx)
     if ctx.group is None:
         raise RuntimeError("a distributed pipeline needs a process group; use --pipeline.virtual true for one process")
-    if cfg.pipeline.dp == "sdp":  # SDP among each stage's replicas (hybrid.py)
-        from slimpar.train.strategies.hybrid import HybridPipelineStrategy
-
-        return HybridPipelineStrategy(cfg, model, ctx)
-    return PipelineStrategy(cfg, model, ctx)
+    return PipelineStrategy(cfg, model, ctx)  # SDP among the replicas (pipeline.dp = "sdp"): hybrid.py
