@@ -50,3 +50,16 @@ def single_process_context():
 def batch_fn(data, cfg):
     """The trainer's batch function of a one-process run."""
     return lambda step, micro: data.train_batch(step, 0, 1, cfg.train.batch_size, cfg.data.seq_len)
+
+
+class LazyRuns(dict):
+    """name -> result, made on first use: a module's shared runs where some cases are marked ``slow``, so
+    that the default suite never trains the runs only slow cases read."""
+
+    def __init__(self, make):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key):
+        value = self[key] = self._make(key)
+        return value

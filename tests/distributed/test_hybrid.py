@@ -10,12 +10,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from slimpar.train.checkpoint import load_safetensors
-from tests.helpers import losses, run_train, summary
+from tests.helpers import LazyRuns, losses, run_train, summary
 
 COMMON = ["--train.steps", "3", "--eval.batches", "1", "--data.ood", "none", "--parallel.mode", "pipeline",
           "--pipeline.stages", "2", "--pipeline.microbatches", "2", "--checkpoint.final", "false"]
@@ -36,9 +37,12 @@ RUNS = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hybrid")
-    for name, extra in RUNS.items():
-        run_train(root / name, *COMMON, *extra, timeout=300)
-    return {name: root / name for name in RUNS}
+
+    def make(name: str) -> Path:
+        run_train(root / name, *COMMON, *RUNS[name], timeout=300)
+        return root / name
+
+    return LazyRuns(make)
 
 
 @pytest.mark.parametrize(("run", "ref"), [("keep1", "ddp"), ("one_replica", "pipe")])
@@ -53,7 +57,7 @@ def test_hybrid_equals_pipeline(runs, run: str, ref: str) -> None:
     assert all(min(k) == h["replicas"] for k in h["holders_per_component"])  # every replica holds every block
 
 
-@pytest.mark.parametrize("run", ["mapl", "mapl8"])
+@pytest.mark.parametrize("run", ["mapl", pytest.param("mapl8", marks=pytest.mark.slow)])  # 8 processes: slow
 def test_keep_half_with_mapl(runs, run: str) -> None:
     from slimpar.models.llama import Llama, LlamaConfig
 

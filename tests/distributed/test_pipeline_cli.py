@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from slimpar.train.checkpoint import load_safetensors
-from tests.helpers import losses, run_train, summary
+from tests.helpers import LazyRuns, losses, run_train, summary
 
 COMMON = ["--train.steps", "3", "--eval.batches", "1", "--model.tie_embeddings", "false"]
 PIPE = ["--parallel.mode", "pipeline", "--checkpoint.final", "false"]
@@ -45,16 +45,20 @@ RUNS = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline")
-    for name, extra in RUNS.items():
-        run_train(root / name, *COMMON, *extra, timeout=300)
-    return {name: root / name for name in RUNS}
+
+    def make(name: str):
+        run_train(root / name, *COMMON, *RUNS[name], timeout=300)
+        return root / name
+
+    return LazyRuns(make)
 
 
 def _sends(record: dict) -> int:
     return sum(n for key, n in record["comm_by_op"].items() if key.startswith("send@"))
 
 
-@pytest.mark.parametrize(("run", "ref"), [("none", "single"), ("tied2", "single_tied"), ("tied4", "single_tied")])
+@pytest.mark.parametrize(("run", "ref"), [("none", "single"), ("tied2", "single_tied"),
+                                          pytest.param("tied4", "single_tied", marks=pytest.mark.slow)])
 def test_uncompressed_pipeline_equals_single_process(runs, run: str, ref: str) -> None:
     assert losses(runs[run]) == pytest.approx(losses(runs[ref]), rel=1e-5)
     assert summary(runs[run])["val_loss"] == pytest.approx(summary(runs[ref])["val_loss"], rel=1e-5)
@@ -65,7 +69,9 @@ def test_uncompressed_pipeline_equals_single_process(runs, run: str, ref: str) -
             assert torch.allclose(got[k], v, atol=1e-5), k
 
 
-def test_tied_exchange_bytes_equal_hand_counts(runs) -> None:
+@pytest.mark.parametrize(("run", "stages", "check"),
+                         [("tied2", 2, 0), pytest.param("tied4", 4, 8, marks=pytest.mark.slow)])  # tied4: checksum
+def test_tied_exchange_bytes_equal_hand_counts(runs, run: str, stages: int, check: int) -> None:
     """Stage 0 sends its embedding gradient on the step's distinct ids, stage P − 1 the dense head gradient,
     exact fp32, counted as kind ``tied`` at link P − 1; the checksum at step 2 adds 8 bytes each way."""
     from slimpar.train.build import build_data
@@ -75,17 +81,16 @@ def test_tied_exchange_bytes_equal_hand_counts(runs) -> None:
     cfg = load_run_config(TINY, ["--model.tie_embeddings", "true"])
     x, _ = build_data(cfg).train_batch(2, 0, 1, B, T)  # the instrumented step (log.measure_step = 2)
     V, u, activation = cfg.data.vocab_size, len(torch.unique(x)), B * T * D * 4
-    for run, stages, check in (("tied2", 2, 0), ("tied4", 4, 8)):
-        s = summary(runs[run])
-        link = f"b{stages - 1}"  # the tied link is counted as link P − 1
-        tied = {0: {f"{link}_fwd_tied": u * D * 4 + check}, stages - 1: {f"{link}_bwd_tied": V * D * 4 + check}}
-        for stage, record in enumerate(s["per_rank"]):
-            assert _sends(record) == record["pipeline_bytes_sent"]  # counted at the send, c10d agrees
-            payload = {f"b{stage}_fwd_payload": activation} if stage < stages - 1 else {}
-            if stage > 0:
-                payload[f"b{stage - 1}_bwd_payload"] = activation
-            assert record["pipeline_bytes_by_key"] == {**payload, **tied.get(stage, {})}, (run, stage)
-        assert s["shared_param_resyncs"] == 0
+    s = summary(runs[run])
+    link = f"b{stages - 1}"  # the tied link is counted as link P − 1
+    tied = {0: {f"{link}_fwd_tied": u * D * 4 + check}, stages - 1: {f"{link}_bwd_tied": V * D * 4 + check}}
+    for stage, record in enumerate(s["per_rank"]):
+        assert _sends(record) == record["pipeline_bytes_sent"]  # counted at the send, c10d agrees
+        payload = {f"b{stage}_fwd_payload": activation} if stage < stages - 1 else {}
+        if stage > 0:
+            payload[f"b{stage - 1}_bwd_payload"] = activation
+        assert record["pipeline_bytes_by_key"] == {**payload, **tied.get(stage, {})}, (run, stage)
+    assert s["shared_param_resyncs"] == 0
 
 
 def test_bytes_counted_at_the_send_equal_c10d_and_hand_counts(runs) -> None:

@@ -22,7 +22,7 @@ def test_quick_start_has_exactly_two_commands_and_ci_runs_the_second():
 
 
 def test_sdp_snippet_runs_under_torchrun(tmp_path):
-    (name, code), = [(k, v) for k, v in _python_blocks().items() if "sdp_example.py" in k]
+    (name, code), = [(k, v) for k, v in _python_blocks().items() if k.startswith("# sdp_example.py")]
     script = tmp_path / "sdp_example.py"
     script.write_text(code)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

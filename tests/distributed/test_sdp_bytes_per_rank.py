@@ -19,7 +19,7 @@ from slimpar.parallel.comm import ring_allreduce
 from slimpar.sdp.roots import refresh_roots
 from slimpar.train.build import build_model
 from slimpar.train.strategies.sdp import plan_from_config
-from tests.helpers import TINY, run_train, summary
+from tests.helpers import TINY, LazyRuns, run_train, summary
 from tests.sdp_reference import component_numel, config_for
 
 COMMON = ["--parallel.workers", "4", "--train.steps", "2", "--log.measure_step", "1", "--eval.batches", "1",
@@ -33,11 +33,15 @@ TREE = {2: {0: 1}, 3: {0: 2}, 4: {0: 2, 1: 1}}  # gloo's binomial broadcast: cop
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("bytes_per_rank")
-    out = {}
-    for name, extra in RUNS.items():
-        run_train(root / name.replace("/", "_"), *COMMON, *extra)
-        out[name] = summary(root / name.replace("/", "_"))
-    return out
+
+    def make(name: str) -> dict:
+        run_train(root / name.replace("/", "_"), *COMMON, *RUNS[name])
+        return summary(root / name.replace("/", "_"))
+
+    return LazyRuns(make)
+
+
+BB_CASES = ["bb_0.5", pytest.param("bb_3/8", marks=pytest.mark.slow)]  # 3/8 adds a run: slow
 
 
 def _hand_count(name: str) -> tuple[list[int], list[int], object]:
@@ -67,7 +71,7 @@ def _hand_count(name: str) -> tuple[list[int], list[int], object]:
     return [round(s) for s in sent], [round(x) for x in recv], plan
 
 
-@pytest.mark.parametrize("name", ["bb_0.5", "bb_3/8"])
+@pytest.mark.parametrize("name", BB_CASES)
 def test_sent_and_received_equal_hand_count(runs, name):
     s = runs[name]
     sent, recv, plan = _hand_count(name)
@@ -80,7 +84,7 @@ def test_sent_and_received_equal_hand_count(runs, name):
     assert s["comm_bytes_per_step"] == pytest.approx(sum(r["comm_bytes"] for r in s["per_rank"]) / 4)
 
 
-@pytest.mark.parametrize("name", ["bb_0.5", "bb_3/8"])
+@pytest.mark.parametrize("name", BB_CASES)
 def test_no_rank_sends_more_than_ddp(runs, name):
     ddp = [r["comm_bytes_sent"] for r in runs["ddp"]["per_rank"]]
     ddp_grads = ring_allreduce(runs["ddp"]["per_rank"][1]["comm_by_op"]["allreduce_@0x4"], 4)
@@ -95,7 +99,7 @@ def test_even_plan_spreads_the_refresh(runs):
     assert all(sum(1 for k in r["comm_sent_by_op"] if k.startswith("broadcast_")) == 1 for r in per_rank)
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", ["ddp", *BB_CASES])
 def test_wire_bytes_match_the_model(runs, name):
     """What each process wrote to its sockets (/proc/self/io) is the modelled bytes sent plus gloo's
     message headers (a few KiB), and summary.json has the max next to the mean."""

@@ -100,7 +100,7 @@ def _local_slice(local: torch.Tensor, index_map: dict, name: str, span: tuple[in
     return local.index_select(dim, pos), dim
 
 
-@pytest.mark.parametrize("level", ["block", "neuron"])
+@pytest.mark.parametrize("level", ["block", pytest.param("neuron", marks=pytest.mark.slow)])
 def test_full_state_equals_every_holder(tmp_path, level):
     from slimpar.train.build import build_model
     from slimpar.train.strategies.sdp import plan_from_config
@@ -212,6 +212,7 @@ def test_sdp_to_single_process(four, tmp_path):
     assert len(losses(out)) == 4 and summary(out)["val_loss"] > 0
 
 
+@pytest.mark.slow  # neuron level, 2 runs each; the block-level reshard runs in the default suite
 @pytest.mark.parametrize("regime", ["forward", "backward"])
 def test_neuron_level_reshard(tmp_path, regime):
     out = tmp_path / "neuron"

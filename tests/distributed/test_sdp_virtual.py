@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slimpar.train.checkpoint import load_safetensors
-from tests.helpers import losses, run_train, summary
+from tests.helpers import LazyRuns, losses, run_train, summary
 
 COMMON = ["--parallel.mode", "sdp", "--train.steps", "3", "--eval.batches", "1", "--data.ood", "none",
           "--checkpoint.final", "false", "--log.progress", "false", "--sdp.check_every", "1", "--fresh"]
@@ -33,7 +33,12 @@ def _pair(root: Path, level: str, regime: str) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[tuple[str, str], tuple[Path, Path]]:
     root = tmp_path_factory.mktemp("sdp_virtual")
-    return {case: _pair(root, *case) for case in CASES}
+    return LazyRuns(lambda case: _pair(root, *case))
+
+
+# the default suite keeps the simplest and the most involved pairing; the other two run with -m slow
+SLOW = {("block", "backward"), ("neuron", "forward")}
+PARAMS = [pytest.param(c, id=f"{c[0]}-{c[1]}", marks=[pytest.mark.slow] if c in SLOW else []) for c in CASES]
 
 
 def parity(real: Path, virtual: Path) -> dict[str, float]:
@@ -48,7 +53,7 @@ def parity(real: Path, virtual: Path) -> dict[str, float]:
     return {"max_abs_param": dparam, "max_rel_loss": dloss, "abs_val_loss": dval}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{lv}-{rg}" for lv, rg in CASES])
+@pytest.mark.parametrize("case", PARAMS)
 def test_virtual_equals_four_processes(runs, case):
     real, virtual = runs[case]
     got = parity(real, virtual)
