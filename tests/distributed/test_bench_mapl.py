@@ -18,12 +18,11 @@ def test_quick_mapl_benchmark(tmp_path):
     data = json.loads((out / "results.json").read_text())
     assert {"date", "git_commit", "versions", "machine"} <= set(data["meta"])
     lines = {ln["row"]: ln for ln in data["lines"]}
-    assert set(lines) == {"none", "bf16", "MAPL 4x", "MAPL 16x + RVQ"}
+    assert set(lines) == {"none", "MAPL 4x", "MAPL 16x + RVQ"}
     for ln in lines.values():
         assert math.isfinite(ln["val_loss"]) and ln["step_time_s"] > 0
-    # casts and the naive projector send exactly their share of the float32 boundary tensor
+    # the uncompressed row is the reference of every ratio
     assert lines["none"]["fwd_bytes_vs_none"] == lines["none"]["bwd_bytes_vs_none"] == 1
-    assert lines["bf16"]["fwd_bytes_vs_none"] == lines["bf16"]["bwd_bytes_vs_none"] == 0.5
     mapl = lines["MAPL 4x"]  # payload plus the counted A-gradient exchange
     assert 0.25 < mapl["fwd_bytes_vs_none"] <= 0.26 and 0.25 < mapl["bwd_bytes_vs_none"] <= 0.26
     rvq = lines["MAPL 16x + RVQ"]  # packed indices forward, r floats backward

@@ -135,7 +135,8 @@ def _run(cmd: list[str], out: Path, kill_at: int | None, rng: random.Random | No
     return report
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# the pipeline case (slimpar's own launcher) runs with -m slow; SDP under torchrun runs by default
+@pytest.mark.parametrize("case", ["sdp_torchrun", pytest.param("mapl_pipeline", marks=pytest.mark.slow)])
 def test_killed_worker_restarts_and_resumes_bitwise(case, tmp_path):
     launcher, mode = CASES[case]
     cmd = [*launcher, *COMMON, *mode]

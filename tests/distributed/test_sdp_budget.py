@@ -36,11 +36,18 @@ def test_budgets_choose_keeps_and_predict_the_peak(tmp_path):
                       "measured": [r["mem"]["peak_live"] for r in s["per_rank"]]}))
 
 
-def test_bad_budgets_stop_before_any_process(tmp_path):
+def test_bad_budgets_stop_before_any_process(tmp_path, capsys):
+    """Checked in the launching process (``slimpar.cli.main``): exit 2, the message, nothing written."""
+    from slimpar.cli import main
+    from tests.helpers import TINY
+
+    out = tmp_path / "bad"
     for budget, message in (("7 parsecs", "not a size"), ("3x7MiB", "gives 3 budgets for 4 workers"),
                             ("1MiB", "cannot hold even one component"), ("-1MiB", "not a size")):
-        proc = run_train(tmp_path / "bad", *ARGS[:4], "--sdp.memory_budget", budget, check=False)
-        assert proc.returncode == 2, (budget, proc.stdout, proc.stderr)
-        assert message in proc.stdout + proc.stderr, (budget, proc.stdout, proc.stderr)
-    proc = run_train(tmp_path / "bad", *ARGS, "--sdp.keep_per_worker", "1,1,0.5,0.5", check=False)
-    assert proc.returncode == 2 and "give one of them" in proc.stdout + proc.stderr
+        assert main(["train", "--config", str(TINY), "--out", str(out), *ARGS[:4], "--sdp.memory_budget",
+                     budget]) == 2, budget
+        assert message in capsys.readouterr().err, budget
+    assert main(["train", "--config", str(TINY), "--out", str(out), *ARGS, "--sdp.keep_per_worker",
+                 "1,1,0.5,0.5"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    assert not out.exists()
