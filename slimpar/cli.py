@@ -133,14 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the report as one JSON object")
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
-    b.add_argument("which", choices=["sdp", "mapl", "plans", "wallclock"])
+    b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock"])
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
     b.add_argument("--out", required=True, help="folder for results.json, report.md and plots")
-    b.add_argument("--steps", type=int, default=100, help="training steps per row of the full benchmark")
+    b.add_argument("--steps", type=int, default=None,
+                   help="training steps per row of the full benchmark (default: sdp/mapl 100, quality 2000)")
     b.add_argument("--rows", default="", help="comma-separated row names (default: all); finished rows are reused")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="mapl only: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling)")
-    b.add_argument("--jobs", type=int, default=1, help="rows run at once (for a GPU; CPU timings need 1)")
+    b.add_argument("--jobs", type=int, default=None,
+                   help="rows run at once (default 1: CPU timings need it; quality: 2, one thread each)")
     b.set_defaults(func=_bench)
     return p
 

@@ -40,7 +40,8 @@ def check_choice(where: str, value: str, allowed: tuple[str, ...]) -> None:
 @dataclass
 class ModelConfig:
     arch: str = "llama"  # llama | resnet18 | wrn18 | swin
-    size: str = "tiny"  # llama: tiny | small | 134m | 500m | 1b; swin: tiny
+    size: str = "tiny"  # llama: tiny | mini | small | 134m | 500m | 1b; swin: tiny
+    n_layers: int = 0  # LLaMA blocks; 0 = the size's default
     vocab_size: int = 0  # 0 = take it from the tokenizer
     max_seq_len: int = 0  # longest context the model supports; 0 = the size's default
     n_kv_heads: int = 0  # grouped-query attention: key/value heads; 0 = the size's default

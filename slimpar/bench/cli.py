@@ -1,4 +1,4 @@
-"""``slimpar bench sdp|mapl|wallclock [--quick] --out DIR`` and ``slimpar bench plans --out DIR``."""
+"""``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR`` and ``slimpar bench plans --out DIR``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
     if rest:
         raise ConfigError(f"slimpar bench takes no overrides, got {' '.join(rest)}")
     out = Path(args.out)
+    args.jobs = args.jobs if args.jobs is not None else (2 if args.which == "quality" else 1)
+    steps = args.steps if args.steps is not None else (2000 if args.which == "quality" else 100)
+    if steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {steps}")
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     if args.which == "sdp" and args.device != "cpu":
@@ -31,14 +35,20 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
         from slimpar.bench.plan_sim import bench_plans
 
         data = bench_plans(out)
+    elif args.which == "quality":
+        if args.device != "cpu":
+            raise ConfigError("slimpar bench quality runs on CPU (one thread per run); drop --device")
+        from slimpar.bench.quality import bench_quality
+
+        data = bench_quality(out, args.quick, _names(args.rows), jobs=args.jobs, steps=steps)
     elif args.which == "sdp":
         from slimpar.bench.sdp import bench_sdp
 
-        data = bench_sdp(out, args.quick, args.steps, _names(args.rows), jobs=args.jobs)
+        data = bench_sdp(out, args.quick, steps, _names(args.rows), jobs=args.jobs)
     else:
         from slimpar.bench.mapl import bench_mapl
 
-        data = bench_mapl(out, args.quick, args.steps, _names(args.rows), device=args.device, jobs=args.jobs)
+        data = bench_mapl(out, args.quick, steps, _names(args.rows), device=args.device, jobs=args.jobs)
     print((out / "report.md").read_text())
     return 0 if data else 1
 

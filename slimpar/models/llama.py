@@ -32,6 +32,8 @@ class LlamaConfig:
 
     SIZES: ClassVar[dict[str, dict[str, int]]] = {
         "tiny": dict(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=176, max_seq_len=256),
+        # the long-regime quality benchmark's model (slimpar bench quality): flat loss within ~2k steps on 1 core
+        "mini": dict(dim=128, n_layers=8, n_heads=4, n_kv_heads=2, ffn_dim=352, max_seq_len=256),
         "small": dict(dim=256, n_layers=8, n_heads=8, n_kv_heads=4, ffn_dim=688, max_seq_len=512),
         "134m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, ffn_dim=2048, max_seq_len=1024),
         "500m": dict(dim=1280, n_layers=24, n_heads=20, n_kv_heads=20, ffn_dim=3456, max_seq_len=1024),
@@ -40,7 +42,7 @@ class LlamaConfig:
 
     @classmethod
     def named(cls, size: str, **overrides) -> LlamaConfig:
-        """A named size ("tiny", "small", "134m", "500m", "1b") with optional field overrides."""
+        """A named size ("tiny", "mini", "small", "134m", "500m", "1b") with optional field overrides."""
         if size not in cls.SIZES:
             raise ValueError(f"unknown LLaMA size {size!r}; choose from {', '.join(cls.SIZES)}")
         return replace(cls(**cls.SIZES[size]), **overrides)

@@ -37,6 +37,8 @@ def llama_config(cfg: Config, vocab_size: int | None = None):
         over["max_seq_len"] = m.max_seq_len
     if m.n_kv_heads:
         over["n_kv_heads"] = m.n_kv_heads
+    if m.n_layers:
+        over["n_layers"] = m.n_layers
     over["vocab_size"] = m.vocab_size or vocab_size or cfg.data.vocab_size
     return LlamaConfig.named(m.size, **over)
 

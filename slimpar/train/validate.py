@@ -37,6 +37,7 @@ RANGES: dict[str, Range] = {
     "model.vocab_size": Range(0, why="0 = take it from the tokenizer"),
     "model.max_seq_len": Range(0, why="0 = the size's default"),
     "model.n_kv_heads": Range(0, why="0 = the size's default"),
+    "model.n_layers": Range(0, why="0 = the size's default"),
     "model.num_classes": Range(1), "model.in_channels": Range(1), "model.width": Range(1),
     "model.embed_dim": Range(1),
     "data.vocab_size": Range(0), "data.seq_len": Range(0, lo_open=True),
