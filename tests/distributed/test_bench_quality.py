@@ -1,0 +1,50 @@
+"""``slimpar bench quality --quick`` end to end: real runs, gaps recomputed from their own summaries, reuse."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from slimpar.cli import main
+from tests.helpers import ROOT
+
+
+def _bench(out):
+    return subprocess.run([sys.executable, "-m", "slimpar", "bench", "quality", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+
+def test_quick_quality_benchmark_and_its_reuse(tmp_path):
+    out = tmp_path / "bench"
+    proc = _bench(out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads((out / "results.json").read_text())
+    assert data["pending"] == [] and data["failed"] == []
+    lines = {(ln["group"], ln["row"]): ln for ln in data["lines"]}
+    assert set(lines) == {("sdp", "DDP"), ("sdp", "B-SDP 0.5"), ("mapl", "none"), ("mapl", "MAPL 4x + all changes")}
+    runs = {(r["group"], r["row"], r["seed"]): r["summary"] for r in data["runs"]}
+    for (group, row), ln in lines.items():
+        assert ln["seeds"] == [0, 1] and ln["steps"] == 8
+        assert math.isfinite(ln["val_loss"]) and math.isfinite(ln["val_wikipedia_loss"])
+        base = "DDP" if group == "sdp" else "none"
+        gaps = [runs[(group, row, s)]["val_loss"] / runs[(group, base, s)]["val_loss"] - 1 for s in (0, 1)]
+        assert ln["val_loss_gap"] == pytest.approx(sum(gaps) / 2)
+    # every run logged its validation loss on the way (eval.every), which the curves plot
+    assert all(any("val_loss" in c for c in r["curve"]) for r in data["runs"])
+    report = (out / "report.md").read_text()
+    assert "| B-SDP 0.5 iteration-matched within 1% of DDP |" in report and "| MAPL 4x + all changes |" in report
+    for png in ("curves_sdp.png", "curves_mapl.png", "gaps_sdp.png", "gaps_mapl.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    # finished runs are reused: a second invocation trains nothing and reports the same numbers
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+    again = _bench(out)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert json.loads((out / "results.json").read_text())["lines"] == data["lines"]
+
+
+def test_quality_benchmark_refuses_a_gpu_before_running(tmp_path, capsys):
+    assert main(["bench", "quality", "--device", "cuda", "--out", str(tmp_path / "b")]) == 2
+    assert "runs on CPU" in capsys.readouterr().err and not (tmp_path / "b").exists()

@@ -1,0 +1,97 @@
+"""``slimpar bench quality``: its rows, the seed-paired gaps and the targets, against hand computations."""
+
+import statistics
+
+import pytest
+
+from slimpar.bench import quality
+from slimpar.bench.runner import select_rows
+
+
+def _run(group, row, seed, val, wiki=None, curve=()):
+    summary = {"val_loss": val, "val_wikipedia_loss": wiki, "train_loss": val + 0.1, "steps": 2000}
+    return {"group": group, "row": row, "seed": seed, "command": f"{row} cmd", "summary": summary,
+            "curve": list(curve)}
+
+
+def test_every_row_the_issue_names_runs_with_three_seeds():
+    rows = quality.rows()
+    names = {(r.group, r.name): [] for r in rows}
+    for r in rows:
+        names[(r.group, r.name)].append(r.seed)
+    sdp = {"DDP", "B-SDP 0.5", "B-SDP 3/8", "N-SDP 0.5", "Bb-SDP 0.5", "Bb-SDP 3/8", "B-SDP 0.5 FLOP-matched"}
+    mapl = {"none", "bf16", "int8", "naive 4x", "SSN 4x", "SSN 8x", "MAPL 4x", "MAPL 8x", "MAPL 4x + anchors",
+            "MAPL 16x + RVQ", "MAPL 4x + PCA init", "MAPL 4x + own SPEL schedule", "MAPL 4x + separate clip",
+            "MAPL 4x + zero anchors", "MAPL 4x + PCA + frozen after N", "MAPL 4x + all changes"}
+    assert {n for g, n in names if g == "sdp"} == sdp
+    assert {n for g, n in names if g == "mapl"} == mapl
+    assert {n for g, n in names if g == "mapl-deep"} >= {"none", "MAPL 4x", "SSN 4x"}
+    assert {n for g, n in names if g == "resnet"} >= {"DDP", "B-SDP 0.5"}
+    assert all(sorted(s) == [0, 1, 2] for s in names.values())
+    for r in rows:
+        args = " ".join(r.overrides)
+        if r.group == "resnet":  # >= 3 epochs of Fashion-MNIST's 60,000 training images at batch 64
+            assert int(r.overrides[r.overrides.index("--train.steps") + 1]) * 64 >= 3 * 60000
+        else:
+            assert "--train.steps 2000" in args
+        if r.group == "sdp" and r.name != "DDP":
+            assert "--sdp.virtual true" in args and "--sdp.virtual_workers 4" in args
+        if r.group.startswith("mapl"):
+            assert "--pipeline.virtual true" in args and "--pipeline.stages 4" in args
+    frozen = next(r for r in rows if r.name == "MAPL 4x + PCA + frozen after N")
+    assert frozen.overrides[frozen.overrides.index("--pipeline.freeze_projector_after") + 1] == "200"
+    assert len(select_rows(rows, {"mapl/none/s1"})) == 1
+
+
+def test_gaps_are_paired_by_seed_with_sample_std():
+    base = [_run("sdp", "DDP", s, v, w) for s, v, w in ((0, 4.0, 5.0), (1, 4.4, 5.5), (2, 4.2, 5.2))]
+    row = [_run("sdp", "B-SDP 0.5", s, v, w) for s, v, w in ((0, 4.04, 5.0), (1, 4.4, 5.61), (2, 4.158, 5.304))]
+    lines = {ln["row"]: ln for ln in quality.aggregate(base + row)}
+    gaps = [0.01, 0.0, -0.01]
+    b = lines["B-SDP 0.5"]
+    assert b["val_loss"] == pytest.approx(statistics.fmean([4.04, 4.4, 4.158]))
+    assert b["val_loss_std"] == pytest.approx(statistics.stdev([4.04, 4.4, 4.158]))
+    assert b["val_loss_gap"] == pytest.approx(0.0, abs=1e-12)
+    assert b["val_loss_gap_std"] == pytest.approx(statistics.stdev(gaps))
+    assert b["val_wikipedia_loss_gap"] == pytest.approx(statistics.fmean([0.0, 0.02, 0.02]))
+    assert lines["DDP"]["val_loss_gap"] == 0 and lines["DDP"]["seeds"] == [0, 1, 2]
+
+
+def test_a_seed_without_its_baseline_is_left_out_of_the_gap():
+    runs = [_run("mapl", "none", 0, 4.0), _run("mapl", "MAPL 4x", 0, 4.2), _run("mapl", "MAPL 4x", 1, 9.0)]
+    line = {ln["row"]: ln for ln in quality.aggregate(runs)}["MAPL 4x"]
+    assert line["val_loss_gap"] == pytest.approx(0.05) and line["val_loss_gap_std"] is None
+
+
+def test_targets_met_and_missed():
+    runs = [_run("mapl", n, s, v) for n, vals in {"none": (4.0, 4.1, 4.2), "MAPL 4x": (4.1, 4.2, 4.3),
+                                                  "SSN 4x": (4.12, 4.22, 4.32), "naive 4x": (4.6, 4.7, 4.8)}.items()
+            for s, v in enumerate(vals)]
+    t = quality.targets(quality.aggregate(runs))
+    # SSN leads by 0.02 nats, less than the two rows' std (0.1 each): not ahead by more than the spread
+    ssn = t["MAPL 4x ahead of SSN 4x by more than the seed spread"]
+    assert ssn["lead"] == pytest.approx(0.02) and ssn["spread"] == pytest.approx(0.2) and not ssn["met"]
+    assert t["MAPL 4x ahead of naive 4x by more than the seed spread"]["met"]
+    within = t["MAPL 4x within 1% of none (the paper's number)"]
+    assert within["gap"] > 0.01 and not within["met"]
+    assert t["B-SDP 0.5 iteration-matched within 1% of DDP"] is None  # rows not run are reported as such
+    report = quality.report_markdown(quality.aggregate(runs), _meta(), ["sdp-DDP-s0"], [])
+    assert "| MAPL 4x ahead of naive 4x by more than the seed spread |" in report and "Not run yet (1 runs)" in report
+
+
+def test_the_last_quarter_drop_reads_the_validation_curve():
+    curve = [{"step": 1500, "val_loss": 4.5}, {"step": 1750, "val_loss": 4.45}]
+    runs = [_run("sdp", "DDP", 0, 4.4, curve=curve)]
+    assert quality.aggregate(runs)[0]["val_drop_last_quarter"] == pytest.approx(0.1)
+
+
+def test_parameter_counts_match_a_hand_count():
+    d, kv, ffn, vocab = 128, 64, 352, 1024
+    block = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d
+    assert quality.n_params("mapl") == 2 * vocab * d + 4 * block + d  # untied embeddings in the pipeline
+    assert quality.n_params("sdp") == vocab * d + 8 * block + d
+    assert quality.n_params("resnet") is None
+
+
+def _meta():
+    return {"date": "d", "machine": "m", "cpus": 2, "git_commit": "c", "versions": {"torch": "t"}}
