@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mapl only: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling)")
     b.add_argument("--jobs", type=int, default=None,
                    help="rows run at once (default 1: CPU timings need it; quality: 2, one thread each)")
+    b.add_argument("--report-only", action="store_true",
+                   help="quality only: write the report from the finished runs in OUT, train nothing")
     b.set_defaults(func=_bench)
     return p
 

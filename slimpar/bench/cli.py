@@ -21,6 +21,8 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
     if args.which == "sdp" and args.device != "cpu":
         raise ConfigError("slimpar bench sdp needs one process per worker; on one GPU use "
                           "python -m slimpar.bench.gpu (the per-worker memory probe)")
+    if args.report_only and args.which != "quality":
+        raise ConfigError("--report-only applies to slimpar bench quality")
     if args.which == "wallclock" and args.device != "cpu":
         raise ConfigError("slimpar bench wallclock times gloo workers on CPU over throttled links; drop --device")
     if args.which == "wallclock":
@@ -40,7 +42,8 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
             raise ConfigError("slimpar bench quality runs on CPU (one thread per run); drop --device")
         from slimpar.bench.quality import bench_quality
 
-        data = bench_quality(out, args.quick, _names(args.rows), jobs=args.jobs, steps=steps)
+        data = bench_quality(out, args.quick, _names(args.rows), jobs=args.jobs, steps=steps,
+                             report_only=args.report_only)
     elif args.which == "sdp":
         from slimpar.bench.sdp import bench_sdp
 

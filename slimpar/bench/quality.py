@@ -130,6 +130,13 @@ def _val_at(run: dict, step: int, key: str = "val_loss"):
     return hits[0] if hits else None
 
 
+def _tail_loss(run: dict, fraction: float = 0.1):
+    """The training loss averaged over the logged steps of the run's last 10% (one batch's loss is noisy)."""
+    steps = run["summary"].get("steps") or 0
+    tail = [c["loss"] for c in run["curve"] if c.get("loss") is not None and c["step"] > steps * (1 - fraction)]
+    return statistics.fmean(tail) if tail else None
+
+
 def _gap(runs: list[dict], base: list[dict] | None, key: str) -> tuple[float | None, float | None]:
     """Relative gap to the baseline, paired by seed: mean and std of (row_s / base_s - 1) over shared seeds."""
     if not base:
@@ -151,9 +158,10 @@ def aggregate(results: list[dict]) -> list[dict]:
         steps = runs[0]["summary"].get("steps")
         line = {"group": group, "row": name, "seeds": sorted(r["seed"] for r in runs), "steps": steps,
                 "command": runs[0]["command"]}
-        for key in ("val_loss", "val_wikipedia_loss", "val_accuracy", "train_loss"):
+        for key in ("val_loss", "val_wikipedia_loss", "val_accuracy"):
             line[key], line[f"{key}_std"] = _mean_std([_final_val(r, key) for r in runs])
             line[f"{key}_gap"], line[f"{key}_gap_std"] = _gap(runs, base, key)
+        line["train_loss"], line["train_loss_std"] = _mean_std([_tail_loss(r) for r in runs])
         if steps:  # how much the validation loss still fell over the last quarter of the run
             q = [_val_at(r, steps * 3 // 4 // 250 * 250) for r in runs]
             drops = [a - _final_val(r, "val_loss") for a, r in zip(q, runs, strict=True)
@@ -228,7 +236,7 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
         acc = group == "resnet"
         headers = ["row", "seeds", "steps", "val accuracy" if acc else "val loss (Shakespeare)", "gap vs baseline",
                    *([] if acc else ["val loss (Wikipedia)", "gap vs baseline", "val drop, last quarter"]),
-                   "final train loss"]
+                   "train loss, last 10% of steps"]
         body = []
         for ln in mine:
             key = "val_accuracy" if acc else "val_loss"
@@ -306,8 +314,10 @@ def plots(results: list[dict], lines: list[dict], out: Path) -> None:
 
 
 def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: int = 2,
-                  steps: int = STEPS) -> dict:
-    """Run (or reuse) every selected run, ``jobs`` at a time, rewriting the report after each one."""
+                  steps: int = STEPS, report_only: bool = False) -> dict:
+    """Run (or reuse) every selected run, ``jobs`` at a time, rewriting the report after each one.
+
+    ``report_only`` trains nothing: the report covers the finished runs and lists the others as not run."""
     out.mkdir(parents=True, exist_ok=True)
     todo = select_rows(quick_rows() if quick else rows(steps), only)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per run: ``jobs`` runs share the cores
@@ -315,6 +325,9 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     failed: list[str] = []
     lock = threading.Lock()
     meta = metadata({"quick": quick, "jobs": jobs, "steps": steps})
+    if report_only:
+        results = {r.key: run_row(r, out) for r in todo if (out / "runs" / r.key / "summary.json").exists()}
+        return _write(out, todo, results, failed, meta)
 
     def one(row: Row) -> None:
         try:

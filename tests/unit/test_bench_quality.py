@@ -79,10 +79,12 @@ def test_targets_met_and_missed():
     assert "| MAPL 4x ahead of naive 4x by more than the seed spread |" in report and "Not run yet (1 runs)" in report
 
 
-def test_the_last_quarter_drop_reads_the_validation_curve():
-    curve = [{"step": 1500, "val_loss": 4.5}, {"step": 1750, "val_loss": 4.45}]
-    runs = [_run("sdp", "DDP", 0, 4.4, curve=curve)]
-    assert quality.aggregate(runs)[0]["val_drop_last_quarter"] == pytest.approx(0.1)
+def test_the_curve_gives_the_last_quarter_drop_and_the_tail_training_loss():
+    curve = [{"step": 1500, "val_loss": 4.5, "loss": 9.0}, {"step": 1750, "val_loss": 4.45, "loss": 9.0},
+             {"step": 1800, "loss": 4.0}, {"step": 1900, "loss": 4.2}, {"step": 2000, "loss": 4.4}]
+    line = quality.aggregate([_run("sdp", "DDP", 0, 4.4, curve=curve)])[0]
+    assert line["val_drop_last_quarter"] == pytest.approx(0.1)
+    assert line["train_loss"] == pytest.approx(4.3)  # steps 1900 and 2000: the last 10% of 2000
 
 
 def test_parameter_counts_match_a_hand_count():
