@@ -271,9 +271,18 @@ def _targets_table(t: dict[str, dict | None]) -> str:
     return markdown_table(["target", "measured", ""], body) + "\n"
 
 
+def _points(run: dict, key: str) -> dict[int, float]:
+    """step -> value of ``key`` over the run; validation keys end with the final evaluation from the summary."""
+    points = {c["step"]: c[key] for c in run["curve"] if c.get(key) is not None}
+    final, steps = run["summary"].get(key), run["summary"].get("steps")
+    if key.startswith("val_") and final is not None and steps:
+        points[steps] = final
+    return points
+
+
 def _mean_curve(runs: list[dict], key: str) -> tuple[list[int], list[float]]:
     """The curve of ``key`` averaged over seeds at the steps every seed logged."""
-    per_seed = [{c["step"]: c[key] for c in r["curve"] if c.get(key) is not None} for r in runs]
+    per_seed = [_points(r, key) for r in runs]
     steps = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
     return steps, [statistics.fmean(s[k] for s in per_seed) for k in steps]
 
@@ -300,6 +309,7 @@ def plots(results: list[dict], lines: list[dict], out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out / f"curves_{group}.png", dpi=120)
         plt.close(fig)
+        _gap_curves(plt, runs, names, group, key, out / f"gap_vs_step_{group}.png")
         mine = [ln for ln in lines if ln["group"] == group and ln.get(f"{key}_gap") is not None]
         if mine:
             fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(mine)), 4))
@@ -311,6 +321,31 @@ def plots(results: list[dict], lines: list[dict], out: Path) -> None:
             fig.tight_layout()
             fig.savefig(out / f"gaps_{group}.png", dpi=120)
             plt.close(fig)
+
+
+def _gap_curves(plt, runs: list[dict], names: list[str], group: str, key: str, path: Path) -> None:
+    """Each row's validation gap to the baseline at every evaluation, paired by seed, mean over seeds:
+    does the gap close as training goes on?"""
+    base = {r["seed"]: _points(r, key) for r in runs if r["row"] == BASELINE.get(group)}
+    if not base:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in names:
+        if name == BASELINE.get(group):
+            continue
+        per_step: dict[int, list[float]] = {}
+        for r in (r for r in runs if r["row"] == name and r["seed"] in base):
+            for step, v in _points(r, key).items():
+                if step in base[r["seed"]]:
+                    per_step.setdefault(step, []).append(v / base[r["seed"]][step] - 1)
+        steps = sorted(per_step)
+        ax.plot(steps, [100 * statistics.fmean(per_step[s]) for s in steps], label=name, marker=".", lw=1)
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set(xlabel="step", ylabel=f"{key} gap vs {BASELINE.get(group)} (%)", title=f"{group}: gap during training")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: int = 2,
