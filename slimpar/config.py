@@ -131,6 +131,7 @@ class RVQConfig:
     decay: float = 0.99  # EMA decay of the codebooks
     commitment: float = 0.25  # commitment-loss weight
     sync_every: int = 50  # send the full codebook every N steps (changed rows are sent every step)
+    dead_threshold: float = 1.0  # re-seed an unused code whose EMA count is below this x the mean count
 
 
 @dataclass

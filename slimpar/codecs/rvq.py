@@ -17,6 +17,10 @@ Codebook learning, on the sender only, in training mode:
   common decay), so a batch changes only the rows it touched and deltas stay sparse.
 - Dead codes: an unused code whose EMA count falls below ``dead_threshold`` × (mean EMA count) is
   replaced by a random residual of the batch (a seeded generator picks them) and given the mean count.
+  The default 1.0 re-seeds every unused code below the mean at once. Boundary codes drift far from
+  their step-0 k-means start while the model learns; with 0.01 a stranded code waited ~460 steps
+  (decay 0.99, 512 tokens a step), and the last boundary of a 4-stage pipeline collapsed to 1-2 codes
+  per batch: the model stalled at unigram loss (issue 10's long-regime benchmark).
 
 Update timing. The statistics of training batch t are applied at the start of training forward t+1
 (or by ``apply_pending_update()``). So after a forward the codebook is exactly the one that produced
@@ -93,7 +97,7 @@ class ResidualVQ(nn.Module):
         codebook_size: int,
         decay: float = 0.99,
         commitment: float = 0.25,
-        dead_threshold: float = 0.01,
+        dead_threshold: float = 1.0,
         kmeans_iters: int = 10,
         seed: int = 0,
         eps: float = 1e-6,

@@ -26,6 +26,7 @@ class RVQSpec:
     decay: float  # EMA decay
     commitment: float  # commitment-loss weight β
     sync_every: int  # full codebook every N steps (0: only the first message is full)
+    dead_threshold: float = 1.0  # unused codes below this x the mean EMA count are re-seeded
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def codec_specs(cfg, d: int, vocab: int) -> list[CodecSpec]:
     rvq = None
     if pc.rvq.levels:
         q = pc.rvq
-        rvq = RVQSpec(q.levels, q.codebook, q.decay, q.commitment, q.sync_every)
+        rvq = RVQSpec(q.levels, q.codebook, q.decay, q.commitment, q.sync_every, q.dead_threshold)
     return [
         CodecSpec(kind=pc.codec, boundary=p, dim=d, rank=r, vocab=vocab, seed=cfg.train.seed,
                   anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,

@@ -32,6 +32,7 @@ PIPELINE_RANGES: dict[str, Range] = {
     "pipeline.rvq.levels": Range(0, why="0 = no RVQ"), "pipeline.rvq.codebook": Range(2),
     "pipeline.rvq.decay": Range(0, 1, hi_open=True, why="EMA decay of the codebooks"),
     "pipeline.rvq.commitment": Range(0), "pipeline.rvq.sync_every": Range(0),
+    "pipeline.rvq.dead_threshold": Range(0, why="0 = never re-seed unused codes"),
 }
 
 

@@ -26,7 +26,12 @@ def test_quick_mapl_benchmark(tmp_path):
     mapl = lines["MAPL 4x"]  # payload plus the counted A-gradient exchange
     assert 0.25 < mapl["fwd_bytes_vs_none"] <= 0.26 and 0.25 < mapl["bwd_bytes_vs_none"] <= 0.26
     rvq = lines["MAPL 16x + RVQ"]  # packed indices forward, r floats backward
-    assert rvq["fwd_bytes_vs_none"] < 0.05 and rvq["bwd_bytes_vs_none"] == pytest.approx(1 / 16, abs=0.01)
+    assert rvq["bwd_bytes_vs_none"] == pytest.approx(1 / 16, abs=0.01)
+    # the indices are a few bytes per token; the codebook rows the EMA changed travel too, and at this
+    # tiny batch (512 tokens a step) a codebook in use changes most of its rows every step
+    fwd = {part: sum(b["fwd"][part] for b in rvq["breakdown"].values()) for part in ("payload", "codebook", "sync")}
+    assert fwd["payload"] < 0.05 * lines["none"]["fwd_bytes"] and fwd["codebook"] > 0
+    assert sum(sum(b["fwd"].values()) for b in rvq["breakdown"].values()) == pytest.approx(rvq["fwd_bytes"])
     assert 0 < mapl["max_orth_error"] <= 1e-5 and 0 < mapl["spel_time_share"] < 1
     assert lines["none"]["max_orth_error"] == 0
     report = (out / "report.md").read_text()

@@ -161,3 +161,20 @@ def test_fake_quant_straight_through(fake):
     (y * w).sum().backward()
     assert torch.equal(x.grad, w)
     assert not torch.equal(y.detach(), x.detach())
+
+
+def _codes_in_use_after_drift(**kwargs) -> int:
+    """Distinct codes one batch uses after its codes drifted away from the k-means start, as a learning
+    boundary's codes do (issue 10: the last boundary of a 4-stage pipeline collapsed to 1-2 codes)."""
+    torch.manual_seed(0)
+    rvq = ResidualVQ(dim=8, levels=1, codebook_size=64, decay=0.99, seed=1, **kwargs).train()
+    direction = torch.nn.functional.normalize(torch.randn(8), dim=0)
+    for t in range(120):
+        x = 0.02 * torch.randn(512, 8) + min(t / 100, 1.0) * direction
+        _, idx, _ = rvq(x)
+    return idx.unique().numel()
+
+
+def test_drifting_codes_keep_the_codebook_in_use():
+    assert _codes_in_use_after_drift() == 64  # the default re-seeds unused codes below the mean count
+    assert _codes_in_use_after_drift(dead_threshold=0.01) == 1  # the earlier default: collapse to one code
