@@ -137,6 +137,10 @@ def _tail_loss(run: dict, fraction: float = 0.1):
     return statistics.fmean(tail) if tail else None
 
 
+def _base_mean(base: list[dict] | None, key: str):
+    return _mean_std([r["summary"].get(key) for r in base])[0] if base else None
+
+
 def _gap(runs: list[dict], base: list[dict] | None, key: str) -> tuple[float | None, float | None]:
     """Relative gap to the baseline, paired by seed: mean and std of (row_s / base_s - 1) over shared seeds."""
     if not base:
@@ -162,6 +166,9 @@ def aggregate(results: list[dict]) -> list[dict]:
             line[key], line[f"{key}_std"] = _mean_std([_final_val(r, key) for r in runs])
             line[f"{key}_gap"], line[f"{key}_gap_std"] = _gap(runs, base, key)
         line["train_loss"], line["train_loss_std"] = _mean_std([_tail_loss(r) for r in runs])
+        for key in ("comm_bytes_per_step_fwd", "comm_bytes_per_step_bwd"):  # pipeline groups: counted at the sends
+            mine, ref = _mean_std([r["summary"].get(key) for r in runs])[0], _base_mean(base, key)
+            line[f"{key}_vs_base"] = mine / ref if mine is not None and ref else None
         if steps:  # how much the validation loss still fell over the last quarter of the run
             q = [_val_at(r, steps * 3 // 4 // 250 * 250) for r in runs]
             drops = [a - _final_val(r, "val_loss") for a, r in zip(q, runs, strict=True)
@@ -235,9 +242,10 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
         tokens = f"; {s0 * 8 * 64 / params:.2f} tokens per parameter" if params and s0 else ""
         out.append(f"\n## {group}\n\n" + (f"{params:,} parameters{tokens} at {s0} steps.\n\n" if params else ""))
         acc = group == "resnet"
+        pipe = group.startswith("mapl")
         headers = ["row", "seeds", "steps", "val accuracy" if acc else "val loss (Shakespeare)", "gap vs baseline",
                    *([] if acc else ["val loss (Wikipedia)", "gap vs baseline", "val drop, last quarter"]),
-                   "train loss, last 10% of steps"]
+                   "train loss, last 10% of steps", *(["bytes fwd / bwd × none"] if pipe else [])]
         body = []
         for ln in mine:
             key = "val_accuracy" if acc else "val_loss"
@@ -247,7 +255,11 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
                 cells += [_pm(ln["val_wikipedia_loss"], ln["val_wikipedia_loss_std"]),
                           _pm(ln["val_wikipedia_loss_gap"], ln["val_wikipedia_loss_gap_std"], pct=True),
                           fmt(ln.get("val_drop_last_quarter"), 4)]
-            body.append(cells + [_pm(ln["train_loss"], ln["train_loss_std"])])
+            cells.append(_pm(ln["train_loss"], ln["train_loss_std"]))
+            if pipe:
+                cells.append(f"{fmt(ln['comm_bytes_per_step_fwd_vs_base'], 3)} / "
+                             f"{fmt(ln['comm_bytes_per_step_bwd_vs_base'], 3)}")
+            body.append(cells)
         out.append(markdown_table(headers, body) + "\n")
     out.append("\n## Targets (issue 10)\n\n" + _targets_table(targets(lines)))
     if pending:

@@ -59,8 +59,12 @@ def test_gaps_are_paired_by_seed_with_sample_std():
 
 def test_a_seed_without_its_baseline_is_left_out_of_the_gap():
     runs = [_run("mapl", "none", 0, 4.0), _run("mapl", "MAPL 4x", 0, 4.2), _run("mapl", "MAPL 4x", 1, 9.0)]
+    for r, fwd in zip(runs, (800.0, 180.0, 220.0), strict=True):
+        r["summary"].update(comm_bytes_per_step_fwd=fwd, comm_bytes_per_step_bwd=fwd / 2)
     line = {ln["row"]: ln for ln in quality.aggregate(runs)}["MAPL 4x"]
     assert line["val_loss_gap"] == pytest.approx(0.05) and line["val_loss_gap_std"] is None
+    assert line["comm_bytes_per_step_fwd_vs_base"] == pytest.approx(0.25)  # bytes: mean over seeds / baseline's
+    assert line["comm_bytes_per_step_bwd_vs_base"] == pytest.approx(0.25)
 
 
 def test_targets_met_and_missed():
