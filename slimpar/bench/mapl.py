@@ -26,7 +26,11 @@ PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.st
 
 
 def _codec(kind: str, compression: int = 4, *extra: str) -> list[str]:
-    return ["--pipeline.codec", kind, "--pipeline.compression", str(compression), *extra]
+    # MAPL rows start A at random unless a row says pca: the default (auto) became pca after these rows
+    # were measured, and each ablation row changes one thing against "MAPL 4x"
+    pinned = kind == "mapl" and "--pipeline.projector_init" not in extra
+    init = ["--pipeline.projector_init", "random"] if pinned else []
+    return ["--pipeline.codec", kind, "--pipeline.compression", str(compression), *init, *extra]
 
 
 RVQ = ("--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "256")

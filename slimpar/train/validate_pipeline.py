@@ -65,7 +65,7 @@ def _check_choices(cfg: Config) -> None:
     _choice("pipeline.ids", pc.ids, ("send", "local"))
     _choice("pipeline.polar", pc.polar, ("polar_express", "eigh"))
     _choice("pipeline.sync_dtype", pc.sync_dtype, SYNC_DTYPES)
-    _choice("pipeline.projector_init", pc.projector_init, ("random", "pca"))
+    _choice("pipeline.projector_init", pc.projector_init, ("auto", "random", "pca"))
     _choice("pipeline.spel_schedule", pc.spel_schedule, SPEL_SCHEDULES)
     _choice("pipeline.clip_projector", pc.clip_projector, ("global", "separate", "none"))
     _choice("pipeline.anchor_init", pc.anchor_init, ("embedding", "zero"))

@@ -29,7 +29,8 @@ from slimpar.train.trainer import Trainer
 from slimpar.train.validate import load_run_config
 from tests.helpers import ROOT, TINY, VIRTUAL_PIPELINE, batch_fn, single_process_context
 
-BASE = [*VIRTUAL_PIPELINE, "--pipeline.stages", "3", "--pipeline.codec", "mapl", "--pipeline.rank", "16"]
+BASE = [*VIRTUAL_PIPELINE, "--pipeline.stages", "3", "--pipeline.codec", "mapl", "--pipeline.rank", "16",
+        "--pipeline.projector_init", "random"]  # the random start these tests compare against
 B, T, D, R = 8, 64, 64, 16
 CTX = single_process_context()
 
@@ -222,3 +223,19 @@ def test_bench_rows_for_the_projector_ablations_are_valid() -> None:
         cfg = load_run_config(ROOT / row.config, row.overrides)  # validates
         assert cfg.pipeline.codec == "mapl" and cfg.pipeline.compression == 4
     assert named["MAPL 4x + PCA + frozen after N"].overrides[-1] == "10"
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ([], "pca"),  # the default for MAPL with r < d: it won the long-regime benchmark (docs/results/quality)
+    (["--pipeline.compression", "1"], "random"),  # r = d: the identity start keeps a full-rank codec exact
+    (["--pipeline.rank", "64"], "random"),
+    (["--pipeline.projector_init", "random"], "random"),
+    (["--pipeline.codec", "ssn"], "random"),
+])
+def test_auto_projector_init_is_pca_for_compressing_mapl(args, expected):
+    from slimpar.config import load_config
+    from slimpar.pipeline.spec import resolve_projector_init
+
+    cfg = load_config(None, ["--pipeline.codec", "mapl", *args])
+    assert cfg.pipeline.projector_init == ("random" if "random" in args else "auto")
+    assert resolve_projector_init(cfg.pipeline, 64) == expected

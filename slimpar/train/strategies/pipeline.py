@@ -1,7 +1,8 @@
 """Compressed pipeline parallelism behind the trainer's strategy interface (METHODS.md Part 2).
 
 ``PipelineStrategy`` — one process per stage and replica (workers = P × R, groups.py). A step:
-  0. before step 0's forward, with ``pipeline.projector_init = "pca"``: the PCA start of every A
+  0. before step 0's forward, with ``pipeline.projector_init = "pca"`` (or ``auto`` for MAPL with r < d):
+     the PCA start of every A
      (pca.py: a forward-only calibration pass, stage by stage; the sender computes A and sends it);
      SPEL's η for the step and a frozen A after ``pipeline.freeze_projector_after`` (pipeline_base.py);
   1. every ``pipeline.checksum_every`` steps: checksum the shared parameters of each boundary
@@ -29,7 +30,7 @@ from slimpar.codecs.anchors import rows_for
 from slimpar.pipeline.evaluate import all_reduce_sum, evaluate_pipeline
 from slimpar.pipeline.groups import PipelineLayout, build_groups
 from slimpar.pipeline.pca import calibrate_stage, calibrate_virtual
-from slimpar.pipeline.spec import codec_specs
+from slimpar.pipeline.spec import codec_specs, resolve_projector_init
 from slimpar.pipeline.split import build_stages
 from slimpar.pipeline.stage import CodecPipelineStage
 from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
@@ -53,9 +54,9 @@ def _stages_of(cfg, model, which: list[int]) -> list:
     return stages
 
 
-def _pca_batches(cfg, step: int, batch_fn) -> list[torch.Tensor]:
+def _pca_batches(cfg, step: int, batch_fn, d: int) -> list[torch.Tensor]:
     """The first training batches (token ids) for the PCA start, before step 0's update; [] otherwise."""
-    if cfg.pipeline.projector_init != "pca" or step != 0:
+    if resolve_projector_init(cfg.pipeline, d) != "pca" or step != 0:
         return []  # a resumed run (step > 0) keeps the A of its checkpoint
     return [batch_fn(i, 0)[0] for i in range(cfg.pipeline.pca_batches)]
 
@@ -69,6 +70,7 @@ class PipelineStrategy(PipelineStrategyBase):
     """One stage of one replica's pipeline on this rank."""
 
     def __init__(self, cfg, model, ctx):
+        self.model_dim = model.cfg.dim
         layout = PipelineLayout.of(cfg.pipeline.stages, ctx.world, ctx.rank)
         self.layout, self.ctx = layout, ctx
         self.groups = build_groups(layout, ctx.group, ctx.timeout)
@@ -96,7 +98,7 @@ class PipelineStrategy(PipelineStrategyBase):
 
     def train_step(self, step: int, batch_fn) -> float:
         self._begin_step()
-        batches = _pca_batches(self.cfg, step, batch_fn)
+        batches = _pca_batches(self.cfg, step, batch_fn, self.model_dim)
         if batches:
             calibrate_stage(self.stage, batches, self.pp_stage.prev, self.pp_stage.next, self._replica_sum)
         self.start_step(step)
@@ -205,6 +207,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
     """All P stages in this process (``pipeline.virtual = true``)."""
 
     def __init__(self, cfg, model, ctx):
+        self.model_dim = model.cfg.dim
         stages = [s.to(ctx.device) for s in _stages_of(cfg, model, list(range(cfg.pipeline.stages)))]
         super().__init__(cfg, stages, 0, 1)
         self.pipe = VirtualPipeline(stages, self.counter, loss_fn, cfg.pipeline.sync_dtype)
@@ -212,7 +215,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
 
     def train_step(self, step: int, batch_fn) -> float:
         self._begin_step()
-        batches = _pca_batches(self.cfg, step, batch_fn)
+        batches = _pca_batches(self.cfg, step, batch_fn, self.model_dim)
         if batches:
             calibrate_virtual(self.stages, self.pipe.links, batches)
         self.start_step(step)
