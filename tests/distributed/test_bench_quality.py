@@ -43,8 +43,17 @@ def test_quick_quality_benchmark_and_its_reuse(tmp_path):
     assert again.returncode == 0, again.stderr[-4000:]
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert json.loads((out / "results.json").read_text())["lines"] == data["lines"]
+    # --report-only trains nothing and reports what finished; a run whose summary is gone is listed as not run
+    gone = out / "runs" / "sdp-B-SDP_0.5-s1" / "summary.json"
+    gone.unlink()
+    assert main(["bench", "quality", "--quick", "--report-only", "--out", str(out)]) == 0
+    partial = json.loads((out / "results.json").read_text())
+    assert partial["pending"] == ["sdp-B-SDP_0.5-s1"] and not gone.exists()
+    assert {ln["row"]: ln["seeds"] for ln in partial["lines"]}["B-SDP 0.5"] == [0]
 
 
 def test_quality_benchmark_refuses_a_gpu_before_running(tmp_path, capsys):
     assert main(["bench", "quality", "--device", "cuda", "--out", str(tmp_path / "b")]) == 2
     assert "runs on CPU" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    assert main(["bench", "sdp", "--report-only", "--out", str(tmp_path / "b")]) == 2
+    assert "--report-only applies to slimpar bench quality" in capsys.readouterr().err
