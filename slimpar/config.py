@@ -152,9 +152,7 @@ class PipelineConfig:
     checksum_every: int = 50  # compare both boundary copies of A every N steps, resync on mismatch
     sync_dtype: str = "int8"  # int8 | bf16 | fp32: how each end's part of A's gradient is exchanged
     virtual: bool = False  # run all stages in one process (no process group)
-    # auto = pca for codec mapl with r < d, else random; random = QR of a Gaussian (the identity at r = d);
-    # pca = the top-r subspace of early boundary activations
-    projector_init: str = "auto"  # auto | random | pca
+    projector_init: str = "auto"  # auto (pca for mapl with r < d, else random) | random (QR of a Gaussian) | pca
     pca_batches: int = 1  # training batches whose boundary activations the pca start uses
     spel_schedule: str = "model"  # model (the model's warm-up + cosine) | constant | cosine (own, no warm-up)
     clip_projector: str = "global"  # global (A in the model's clip norm) | separate (clipped on its own) | none
