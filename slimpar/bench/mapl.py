@@ -53,13 +53,18 @@ PCA = ("--pipeline.projector_init", "pca")
 OWN_SPEL = ("--pipeline.spel_schedule", "constant", "--pipeline.spel_lr", "0.001")
 SEPARATE_CLIP = ("--pipeline.clip_projector", "separate")
 ZERO_ANCHORS = ("--pipeline.anchors", "factorized", "--pipeline.anchor_init", "zero")
+ALL_CHANGES = (*PCA, *OWN_SPEL, *SEPARATE_CLIP, *ZERO_ANCHORS)  # A keeps learning
 ROWS.update({  # projector ablations; "frozen" rows get N = steps // 10 in rows()
     "MAPL 4x + PCA init": _codec("mapl", 4, *PCA),
     "MAPL 4x + own SPEL schedule": _codec("mapl", 4, *OWN_SPEL),
     "MAPL 4x + separate clip": _codec("mapl", 4, *SEPARATE_CLIP),
     "MAPL 4x + zero anchors": _codec("mapl", 4, *ZERO_ANCHORS),
     "MAPL 4x + PCA + frozen after N": _codec("mapl", 4, *PCA, "--pipeline.freeze_projector_after", "{freeze}"),
-    "MAPL 4x + all changes": _codec("mapl", 4, *PCA, *OWN_SPEL, *SEPARATE_CLIP, *ZERO_ANCHORS),
+    "MAPL 4x + all changes": _codec("mapl", 4, *ALL_CHANGES),
+    # past 4x: what RVQ itself costs (the same rank-8 codes sent as fp32), and the changes at 8x and 16x
+    "MAPL 16x (no RVQ)": _codec("mapl", 16),
+    "MAPL 8x + all changes": _codec("mapl", 8, *ALL_CHANGES),
+    "MAPL 16x + RVQ + all changes": _codec("mapl", 16, *RVQ, *ALL_CHANGES),
 })
 # the quick version checks the harness end to end; every codec's byte count is also checked in the unit tests
 QUICK = ("none", "MAPL 4x", "MAPL 16x + RVQ")
