@@ -104,6 +104,14 @@ def targets(lines: list[dict]) -> dict[str, dict | None]:
         "MAPL 8x ahead of SSN 8x by more than the seed spread": _ahead(lines, "mapl", "MAPL 8x", "SSN 8x"),
         "MAPL 4x within 1% of none (the paper's number)": _within(_line(lines, "mapl", "MAPL 4x"), 0.01),
         "MAPL 16x + RVQ within 3% of none": _within(_line(lines, "mapl", "MAPL 16x + RVQ"), 0.03),
+        # the same targets for MAPL started and stepped as issue 10 asks (PCA start, own SPEL step, ...)
+        "MAPL 4x + all changes ahead of SSN 4x": _ahead(lines, "mapl", "MAPL 4x + all changes", "SSN 4x"),
+        "MAPL 8x + all changes ahead of SSN 8x": _ahead(lines, "mapl", "MAPL 8x + all changes", "SSN 8x"),
+        "MAPL 4x + all changes within 1% of none": _within(_line(lines, "mapl", "MAPL 4x + all changes"), 0.01),
+        "MAPL 16x + RVQ + all changes within 3% of none":
+            _within(_line(lines, "mapl", "MAPL 16x + RVQ + all changes"), 0.03),
+        "8 blocks: MAPL 4x + all changes ahead of SSN 4x":
+            _ahead(lines, "mapl-deep", "MAPL 4x + all changes", "SSN 4x"),
     }
 
 

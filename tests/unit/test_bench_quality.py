@@ -89,6 +89,18 @@ def test_targets_met_and_missed():
     assert "| MAPL 4x ahead of naive 4x by more than the seed spread |" in report and "Not run yet (1 runs)" in report
 
 
+def test_the_deep_target_compares_rows_of_its_own_group():
+    shallow = [_run("mapl", n, s, v) for n, v in (("SSN 4x", 4.0), ("MAPL 4x + all changes", 4.5)) for s in (0, 1)]
+    deep = [_run("mapl-deep", n, s, v + 0.01 * s) for n, v in (("SSN 4x", 4.3), ("MAPL 4x + all changes", 4.1))
+            for s in (0, 1)]
+    t = quality_report.targets(quality_report.aggregate(shallow + deep))
+    # 8 blocks: lead 4.305 - 4.105 = 0.2 nats against a spread of 2 x std(4.30, 4.31) = 0.0141
+    assert t["8 blocks: MAPL 4x + all changes ahead of SSN 4x"]["lead"] == pytest.approx(0.2)
+    assert t["8 blocks: MAPL 4x + all changes ahead of SSN 4x"]["met"]
+    assert t["MAPL 4x + all changes ahead of SSN 4x"]["lead"] == pytest.approx(-0.5)
+    assert t["MAPL 8x + all changes ahead of SSN 8x"] is None
+
+
 def test_the_curve_gives_the_last_quarter_drop_and_the_tail_training_loss():
     curve = [{"step": 1500, "val_loss": 4.5, "loss": 9.0}, {"step": 1750, "val_loss": 4.45, "loss": 9.0},
              {"step": 1800, "loss": 4.0}, {"step": 1900, "loss": 4.2}, {"step": 2000, "loss": 4.4}]
