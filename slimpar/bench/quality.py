@@ -11,8 +11,9 @@ Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8
 - ``sdp``: 8 blocks. DDP is one process on the same global batch (DDP's averaged gradient is the
   gradient of the global batch). B-SDP 0.5 and 3/8, N-SDP 0.5, Bb-SDP 0.5 and 3/8, FLOP-matched B-SDP 0.5.
 - ``mapl``: 4 blocks in 4 stages (one block per stage). The codecs of ``bench mapl`` and the projector
-  ablations of issue 10. The schedule is GPipe with one micro-batch: in one process a schedule only
-  orders the same computations, and one micro-batch is the fastest.
+  ablations of issue 10, plus MAPL 16x without RVQ (RVQ's own cost) and the four projector changes at 8x
+  and 16x + RVQ. The schedule is GPipe with one micro-batch: in one process a schedule only orders the
+  same computations, and one micro-batch is the fastest.
 - ``mapl-deep``: the all-boundary variant closer to the paper: 8 blocks, 2 per stage.
 - ``resnet``: ResNet-18 at width 16 on Fashion-MNIST for 3 epochs (width 64 takes 2.7 s a step here).
 
@@ -59,7 +60,8 @@ MAPL_MAIN = ("none", "MAPL 4x", "SSN 4x", "naive 4x", "MAPL 4x + all changes", "
              "MAPL 16x + RVQ", "int8", "bf16", "MAPL 4x + anchors")
 MAPL_ABLATIONS = ("MAPL 4x + PCA init", "MAPL 4x + own SPEL schedule", "MAPL 4x + separate clip",
                   "MAPL 4x + zero anchors", "MAPL 4x + PCA + frozen after N", "MAPL 16x (no RVQ)",
-                  "MAPL 8x + all changes", "MAPL 16x + RVQ + all changes")
+                  "MAPL 8x + all changes", "MAPL 16x + RVQ + all changes", "MAPL 16x + all changes (no RVQ)",
+                  "MAPL 16x + RVQ + all changes, no commitment")
 DEEP = ("none", "SSN 4x", "MAPL 4x", "MAPL 4x + all changes")
 # ResNet-18 (CIFAR stem) at width 16: 3 epochs of Fashion-MNIST's 60,000 images at batch 64
 RESNET = ["--model.width", "16", "--train.steps", "2813", "--eval.every", "0", "--eval.batches", "50",
