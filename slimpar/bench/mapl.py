@@ -67,7 +67,7 @@ ROWS.update({  # projector ablations; "frozen" rows get N = steps // 10 in rows(
     "MAPL 16x + RVQ + all changes": _codec("mapl", 16, *RVQ, *ALL_CHANGES),
     # which part of RVQ helps once the changes are in: the quantizer, or its commitment loss
     "MAPL 16x + all changes (no RVQ)": _codec("mapl", 16, *ALL_CHANGES),
-    "MAPL 16x + RVQ + all changes, no commitment": _codec("mapl", 16, *RVQ, *ALL_CHANGES,
+    "MAPL 16x + RVQ + all changes - commitment": _codec("mapl", 16, *RVQ, *ALL_CHANGES,
                                                            "--pipeline.rvq.commitment", "0"),
 })
 # the quick version checks the harness end to end; every codec's byte count is also checked in the unit tests

@@ -61,7 +61,7 @@ MAPL_MAIN = ("none", "MAPL 4x", "SSN 4x", "naive 4x", "MAPL 4x + all changes", "
 MAPL_ABLATIONS = ("MAPL 4x + PCA init", "MAPL 4x + own SPEL schedule", "MAPL 4x + separate clip",
                   "MAPL 4x + zero anchors", "MAPL 4x + PCA + frozen after N", "MAPL 16x (no RVQ)",
                   "MAPL 8x + all changes", "MAPL 16x + RVQ + all changes", "MAPL 16x + all changes (no RVQ)",
-                  "MAPL 16x + RVQ + all changes, no commitment")
+                  "MAPL 16x + RVQ + all changes - commitment")
 DEEP = ("none", "SSN 4x", "MAPL 4x", "MAPL 4x + all changes")
 # ResNet-18 (CIFAR stem) at width 16: 3 epochs of Fashion-MNIST's 60,000 images at batch 64
 RESNET = ["--model.width", "16", "--train.steps", "2813", "--eval.every", "0", "--eval.batches", "50",

@@ -227,7 +227,7 @@ def test_bench_rows_for_the_projector_ablations_are_valid() -> None:
                                             ("MAPL 8x + all changes", 8, 0, "pca"),
                                             ("MAPL 16x + RVQ + all changes", 16, 2, "pca"),
                                             ("MAPL 16x + all changes (no RVQ)", 16, 0, "pca"),
-                                            ("MAPL 16x + RVQ + all changes, no commitment", 16, 2, "pca")):
+                                            ("MAPL 16x + RVQ + all changes - commitment", 16, 2, "pca")):
         cfg = load_run_config(ROOT / named[name].config, named[name].overrides)
         assert (cfg.pipeline.compression, cfg.pipeline.rvq.levels) == (compression, levels)
         assert cfg.pipeline.projector_init == init and cfg.pipeline.codec == "mapl"
