@@ -120,3 +120,13 @@ def test_parameter_counts_match_a_hand_count():
 
 def _meta():
     return {"date": "d", "machine": "m", "cpus": 2, "git_commit": "c", "versions": {"torch": "t"}}
+
+
+def test_no_row_name_has_a_comma():
+    """``--rows`` splits on commas, so a row name with one could never be selected."""
+    from slimpar.bench import mapl, sdp
+
+    names = [r.name for r in quality.rows()] + [r.name for r in mapl.rows(False)]
+    names += [r.name for r in sdp.llama_rows("configs/llama_small.toml", 10, (0, 1))]
+    names += [r.name for r in sdp.resnet_rows(10)]
+    assert names and not [n for n in names if "," in n]
