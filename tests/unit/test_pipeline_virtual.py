@@ -7,6 +7,7 @@
 - both copies of every shared parameter (A, symmetric anchors) stay bit-identical and orthonormal;
 - a diverged copy is found by the checksum and resynced, with the bytes counted;
 - inside the pipeline, every RVQ decode on the receiver equals the sender's quantized codes;
+- the compressed pipeline is causal (future tokens do not change earlier logits), training and eval mode;
 - tied embeddings: the same as single-process training of the tied model, stage 0's embedding and the
   last stage's head (and their AdamW states) bitwise identical after every step, the tied weight's
   gradient counted once in the clip norm, one tensor in the export, exact fp32 parts on the wire.
@@ -14,11 +15,13 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
+from slimpar.pipeline.evaluate import forward_batch
 from slimpar.train.build import build_data, build_model, build_optimizer, loss_fn, lr_at
 from slimpar.train.evaluate import evaluate
 from slimpar.train.strategies.base import Strategy
@@ -192,6 +195,31 @@ def test_rvq_bytes_and_receiver_decodes_match_the_sender(data) -> None:
     assert strat.counter.step[(0, "fwd", "payload")] == 2 * math.ceil(mb_tokens * 2 * 6 / 8)  # 6 bits per index
     assert strat.counter.step[(0, "fwd", "codebook")] == cb
     assert strat.counter.step[(0, "bwd", "payload")] == B * T * 16 * 4
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_compressed_pipeline_stays_causal(data, training: bool) -> None:
+    """Changing the tokens from position t0 on leaves the logits before t0 unchanged, through RVQ codes,
+    codebooks, PCA-started projectors and anchors (a codec that mixed positions would leak the future)."""
+    cfg = _cfg("--pipeline.stages", "3", "--pipeline.codec", "mapl", "--pipeline.compression", "16",
+               "--pipeline.projector_init", "pca", "--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "16",
+               "--pipeline.anchors", "factorized", "--pipeline.anchor_init", "zero")
+    strat, _ = _train_virtual(data, cfg, 3)
+    x, _ = _batch_fn(data, cfg)(7, 0)
+    future = x.clone()
+    gen = torch.Generator().manual_seed(0)
+    future[:, T // 2:] = torch.randint(0, cfg.data.vocab_size, (B, T - T // 2), generator=gen)
+    logits = []
+    for inp in (x, future):  # each from the same state: a training forward also updates the codebooks
+        pipe = copy.deepcopy(strat.pipe)
+        for stage in pipe.stages:
+            stage.train(training)
+        links_in = {p: receiver for p, (_, receiver) in enumerate(pipe.links)}
+        links_out = {p: sender for p, (sender, _) in enumerate(pipe.links)}
+        with torch.no_grad():
+            logits.append(forward_batch(pipe.stages, links_in, links_out, inp))
+    assert torch.equal(logits[0][:, : T // 2], logits[1][:, : T // 2])
+    assert not torch.equal(logits[0][:, T // 2:], logits[1][:, T // 2:])
 
 
 def test_shared_copies_stay_identical_and_orthonormal(data) -> None:
