@@ -174,6 +174,20 @@ def checkpoint_layout(cfg) -> dict:
     section = {"sdp": s, "pipeline": cfg.pipeline}.get(p.mode)
     if section is not None:
         out[p.mode] = {k: asdict(section).get(k) for k in _TIED[p.mode]}
+    if p.mode == "pipeline":  # of RVQ only the number and size of the codebooks shape tensors
+        out["pipeline"]["rvq"] = {k: out["pipeline"]["rvq"][k] for k in ("levels", "codebook")}
+    return out
+
+
+def _tied_diff(old: dict, new: dict, prefix: str) -> list[str]:
+    """'key: checkpoint X, this run Y' for every tied field that differs; a field only one side names
+    (written by another slimpar version, which tied more or fewer fields) is not compared."""
+    out = []
+    for k in sorted(set(old) & set(new)):
+        if isinstance(old[k], dict) and isinstance(new[k], dict):
+            out += _tied_diff(old[k], new[k], f"{prefix}{k}.")
+        elif old[k] != new[k]:
+            out.append(f"{prefix}{k}: checkpoint {old[k]!r}, this run {new[k]!r}")
     return out
 
 
@@ -215,10 +229,12 @@ def check_layout(path: Path, new: dict) -> None:
         raise ConfigError(f"{path} was written by {_describe(old)}, whose checkpoint names ({old['names']}) a "
                           f"{_describe(new)} run cannot load; full-model checkpoints (single, DDP, FSDP2, SDP "
                           f"without sdp.fsdp/holder_shard/virtual) load into each other; {fix}")
-    diff = [k for k in ("workers", "seed", new.get("mode")) if old.get(k) != new.get(k)]
+    mode = new.get("mode")
+    diff = _tied_diff({k: old.get(k) for k in ("workers", "seed", mode)},
+                      {k: new.get(k) for k in ("workers", "seed", mode)}, "")
     if diff:
         raise ConfigError(f"{path} was written by {_describe(old)}, a layout its checkpoint is tied to; this run "
-                          f"({_describe(new)}) differs in {', '.join(map(str, diff))}; {fix}")
+                          f"({_describe(new)}) differs in {'; '.join(diff)}; {fix}")
 
 
 def export_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:

@@ -1,0 +1,46 @@
+"""Which checkpoints a run may resume from (``check_layout``), and what its error names when it may not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slimpar.config import ConfigError
+from slimpar.train.checkpoint import LAYOUT, check_layout, checkpoint_layout
+from slimpar.train.validate import load_run_config
+from tests.helpers import TINY, VIRTUAL_PIPELINE
+
+MAPL = [*VIRTUAL_PIPELINE, "--pipeline.codec", "mapl", "--pipeline.stages", "2"]
+
+
+def _layout(*overrides: str) -> dict:
+    return checkpoint_layout(load_run_config(TINY, [*MAPL, *overrides]))
+
+
+def _written(tmp_path, layout: dict):
+    (tmp_path / LAYOUT).write_text(json.dumps(layout))
+    return tmp_path
+
+
+def test_a_field_that_shapes_no_tensor_does_not_tie_the_checkpoint(tmp_path):
+    saved = _written(tmp_path, _layout("--pipeline.rvq.decay", "0.9", "--pipeline.rvq.dead_threshold", "0.01"))
+    check_layout(saved, _layout())  # RVQ's EMA settings shape no tensor
+
+
+def test_a_checkpoint_of_an_older_slimpar_that_tied_other_fields_still_loads(tmp_path):
+    old = _layout()
+    old["pipeline"]["rvq"] = {"codebook": 256, "commitment": 0.25, "decay": 0.99, "levels": 0, "sync_every": 50}
+    check_layout(_written(tmp_path, old), _layout())  # written before rvq.dead_threshold existed
+
+
+@pytest.mark.parametrize(("overrides", "named"), [
+    (["--pipeline.compression", "8"], "pipeline.compression: checkpoint 4, this run 8"),
+    (["--pipeline.rvq.levels", "2"], "pipeline.rvq.levels: checkpoint 0, this run 2"),
+    (["--train.seed", "3"], "seed: checkpoint 0, this run 3"),
+])
+def test_a_tied_field_that_differs_is_named_with_both_values(tmp_path, overrides, named):
+    saved = _written(tmp_path, _layout())
+    with pytest.raises(ConfigError, match="a layout its checkpoint is tied to") as e:
+        check_layout(saved, _layout(*overrides))
+    assert named in str(e.value) and "--fresh" in str(e.value)
