@@ -24,6 +24,11 @@ def _mean_curve(runs: list[dict], key: str) -> tuple[list[int], list[float]]:
     return steps, [statistics.fmean(s[k] for s in per_seed) for k in steps]
 
 
+def _style(plt, i: int) -> dict:
+    """Row i's colour and line style: 20 distinct colours, then the same colours dashed (a group has up to ~25 rows)."""
+    return {"color": plt.get_cmap("tab20")(i % 20), "linestyle": ("-", "--", ":")[i // 20 % 3]}
+
+
 def plots(results: list[dict], lines: list[dict], out: Path) -> None:
     """Per LLaMA group: training and validation loss against step (mean over seeds), and the gaps with error bars."""
     from slimpar.bench.plots import _plt
@@ -34,10 +39,10 @@ def plots(results: list[dict], lines: list[dict], out: Path) -> None:
         names = list(dict.fromkeys(r["row"] for r in runs))
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
         key = "val_accuracy" if group == "resnet" else "val_loss"
-        for name in names:
+        for i, name in enumerate(names):
             mine = [r for r in runs if r["row"] == name]
-            axes[0].plot(*_mean_curve(mine, "loss"), label=name, lw=0.8)
-            axes[1].plot(*_mean_curve(mine, key), label=name, lw=1, marker=".")
+            axes[0].plot(*_mean_curve(mine, "loss"), label=name, lw=0.8, **_style(plt, i))
+            axes[1].plot(*_mean_curve(mine, key), label=name, lw=1, marker=".", **_style(plt, i))
         axes[0].set(xlabel="step", ylabel="training loss (mean over seeds)", title=f"{group}: training loss")
         axes[1].set(xlabel="step", ylabel=f"{key} (mean over seeds)", title=f"{group}: validation")
         if group != "resnet":
@@ -67,7 +72,7 @@ def _gap_curves(plt, runs: list[dict], names: list[str], group: str, key: str, p
     if not base:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in names:
+    for i, name in enumerate(names):
         if name == BASELINE.get(group):
             continue
         per_step: dict[int, list[float]] = {}
@@ -76,7 +81,8 @@ def _gap_curves(plt, runs: list[dict], names: list[str], group: str, key: str, p
                 if step in base[r["seed"]]:
                     per_step.setdefault(step, []).append(v / base[r["seed"]][step] - 1)
         steps = sorted(per_step)
-        ax.plot(steps, [100 * statistics.fmean(per_step[s]) for s in steps], label=name, marker=".", lw=1)
+        ax.plot(steps, [100 * statistics.fmean(per_step[s]) for s in steps], label=name, marker=".", lw=1,
+                **_style(plt, i))
     ax.axhline(0, color="black", lw=0.5)
     ax.set(xlabel="step", ylabel=f"{key} gap vs {BASELINE.get(group)} (%)", title=f"{group}: gap during training")
     ax.legend(fontsize=6)
