@@ -8,6 +8,7 @@ from slimpar.bench.report import fmt, markdown_table
 
 BASELINE = {"sdp": "DDP", "mapl": "none", "mapl-deep": "none", "resnet": "DDP"}  # each group's reference row
 
+
 def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
     """Mean and sample standard deviation (n - 1) over seeds; std None for fewer than 2 values."""
     vals = [v for v in values if v is not None]

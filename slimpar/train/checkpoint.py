@@ -156,7 +156,21 @@ LAYOUT = "layout.json"
 _TIED = {"sdp": ("level", "keep", "keep_per_worker", "memory_budget", "min_holders", "assignment", "mask_file",
                  "groups", "regime", "fsdp", "holder_shard", "virtual", "virtual_workers"),
          "pipeline": ("stages", "codec", "rank", "compression", "anchors", "anchor_dim", "anchor_form", "virtual",
-                      "rvq", "dp", "sdp_keep")}  # fields that name or shape a tied format's tensors
+                      "rvq.levels", "rvq.codebook", "dp", "sdp_keep")}  # fields that name or shape its tensors
+
+
+def _tied_fields(section, names: tuple[str, ...]) -> dict:
+    """The named fields of a config section; ``a.b`` names field b of the nested section a."""
+    from dataclasses import asdict
+
+    values, out = asdict(section), {}
+    for name in names:
+        head, _, sub = name.partition(".")
+        if sub:
+            out.setdefault(head, {})[sub] = values[head][sub]
+        else:
+            out[name] = values[name]
+    return out
 
 
 def checkpoint_layout(cfg) -> dict:
@@ -173,9 +187,7 @@ def checkpoint_layout(cfg) -> dict:
     out = {"format": 1, "names": names, "mode": p.mode, "workers": p.workers, "seed": cfg.train.seed, "model": model}
     section = {"sdp": s, "pipeline": cfg.pipeline}.get(p.mode)
     if section is not None:
-        out[p.mode] = {k: asdict(section).get(k) for k in _TIED[p.mode]}
-    if p.mode == "pipeline":  # of RVQ only the number and size of the codebooks shape tensors
-        out["pipeline"]["rvq"] = {k: out["pipeline"]["rvq"][k] for k in ("levels", "codebook")}
+        out[p.mode] = _tied_fields(section, _TIED[p.mode])
     return out
 
 

@@ -56,7 +56,7 @@ def _stages_of(cfg, model, which: list[int]) -> list:
 
 def _pca_batches(cfg, step: int, batch_fn, d: int) -> list[torch.Tensor]:
     """The first training batches (token ids) for the PCA start, before step 0's update; [] otherwise."""
-    if resolve_projector_init(cfg.pipeline, d) != "pca" or step != 0:
+    if step != 0 or resolve_projector_init(cfg.pipeline, d) != "pca":
         return []  # a resumed run (step > 0) keeps the A of its checkpoint
     return [batch_fn(i, 0)[0] for i in range(cfg.pipeline.pca_batches)]
 
