@@ -15,6 +15,7 @@ Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8
   and 16x + RVQ. The schedule is GPipe with one micro-batch: in one process a schedule only orders the
   same computations, and one micro-batch is the fastest.
 - ``mapl-deep``: the all-boundary variant closer to the paper: 8 blocks, 2 per stage.
+- ``mapl-lr1e-3``: the main pipeline comparisons again at learning rate 1e-3 instead of 2e-3.
 - ``resnet``: ResNet-18 at width 16 on Fashion-MNIST for 3 epochs (width 64 takes 2.7 s a step here).
 
 Rows are resumable twice over: a finished row's ``summary.json`` is reused, and an interrupted run
@@ -63,6 +64,10 @@ MAPL_ABLATIONS = ("MAPL 4x + PCA init", "MAPL 4x + own SPEL schedule", "MAPL 4x 
                   "MAPL 8x + all changes", "MAPL 16x + RVQ + all changes", "MAPL 16x + all changes (no RVQ)",
                   "MAPL 16x + RVQ + all changes - commitment")
 DEEP = ("none", "SSN 4x", "MAPL 4x", "MAPL 4x + all changes")
+# the main comparisons again at half the learning rate: 2e-3 is too high for the most compressed rows
+# (docs/results/quality/diagnostics), so this group tests whether the rows' order depends on it
+HALF_LR = ("none", "SSN 4x", "MAPL 4x + all changes", "SSN 8x", "MAPL 8x + all changes",
+           "MAPL 16x + all changes (no RVQ)", "MAPL 16x + RVQ + all changes")
 # ResNet-18 (CIFAR stem) at width 16: 3 epochs of Fashion-MNIST's 60,000 images at batch 64
 RESNET = ["--model.width", "16", "--train.steps", "2813", "--eval.every", "0", "--eval.batches", "50",
           "--eval.batch_size", "200", "--checkpoint.every", "500", "--checkpoint.keep_last", "1",
@@ -75,7 +80,7 @@ RESNET_ROWS = {
     "N-SDP 0.5": ["--parallel.mode", "sdp", "--sdp.virtual", "true", "--sdp.level", "neuron", "--sdp.keep", "0.5",
                   "--sdp.bn_recalibrate", "20"],
 }
-GROUPS = ("mapl", "sdp", "mapl-ablations", "mapl-deep", "resnet")
+GROUPS = ("mapl", "sdp", "mapl-ablations", "mapl-deep", "mapl-lr1e-3", "resnet")
 
 
 def _codec(name: str, steps: int) -> list[str]:
@@ -101,6 +106,9 @@ def rows(steps: int = STEPS, seeds: tuple[int, ...] = SEEDS, groups: tuple[str, 
         plan += [("mapl", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps)]) for n in MAPL_ABLATIONS]
     if "mapl-deep" in groups:
         plan += [("mapl-deep", n, ["--model.n_layers", "8", *PIPE, *_codec(n, steps)]) for n in DEEP]
+    if "mapl-lr1e-3" in groups:
+        plan += [("mapl-lr1e-3", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps), "--train.lr", "1e-3"])
+                 for n in HALF_LR]
     out = [Row(name, CONFIG, base + o, group, s) for group, name, o in plan for s in seeds]
     if "resnet" in groups:
         out += [Row(n, "configs/resnet18_fmnist.toml", RESNET + o + list(extra), "resnet", s)

@@ -6,7 +6,8 @@ import statistics
 
 from slimpar.bench.report import fmt, markdown_table
 
-BASELINE = {"sdp": "DDP", "mapl": "none", "mapl-deep": "none", "resnet": "DDP"}  # each group's reference row
+# each group's reference row
+BASELINE = {"sdp": "DDP", "mapl": "none", "mapl-deep": "none", "mapl-lr1e-3": "none", "resnet": "DDP"}
 
 
 def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
@@ -62,6 +63,8 @@ def aggregate(results: list[dict]) -> list[dict]:
             line[key], line[f"{key}_std"] = _mean_std([_final_val(r, key) for r in runs])
             line[f"{key}_gap"], line[f"{key}_gap_std"] = _gap(runs, base, key)
         line["train_loss"], line["train_loss_std"] = _mean_std([_tail_loss(r) for r in runs])
+        walls = [r["wall_s"] / 60 for r in runs if r.get("wall_s")]  # uninterrupted runs only
+        line["minutes_per_run"] = statistics.median(walls) if walls else None
         for key in ("comm_bytes_per_step_fwd", "comm_bytes_per_step_bwd"):  # pipeline groups: counted at the sends
             mine, ref = _mean_std([r["summary"].get(key) for r in runs])[0], _base_mean(base, key)
             line[f"{key}_vs_base"] = mine / ref if mine is not None and ref else None
@@ -120,7 +123,7 @@ def n_params(group: str) -> int | None:
     """Parameters of the group's model (the LLaMA groups; embeddings untied in the pipeline groups)."""
     from slimpar.models.llama import Llama, LlamaConfig
 
-    layers = {"sdp": 8, "mapl": 4, "mapl-deep": 8}.get(group)
+    layers = {"sdp": 8, "mapl": 4, "mapl-deep": 8, "mapl-lr1e-3": 4}.get(group)
     if layers is None:
         return None
     cfg = LlamaConfig.named("mini", n_layers=layers, vocab_size=1024, tie_embeddings=group == "sdp")
@@ -149,7 +152,8 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
         pipe = group.startswith("mapl")
         headers = ["row", "seeds", "steps", "val accuracy" if acc else "val loss (Shakespeare)", "gap vs baseline",
                    *([] if acc else ["val loss (Wikipedia)", "gap vs baseline", "val drop, last quarter"]),
-                   "train loss, last 10% of steps", *(["bytes fwd / bwd × none"] if pipe else [])]
+                   "train loss, last 10% of steps", *(["bytes fwd / bwd × none"] if pipe else []),
+                   "minutes per run"]
         body = []
         for ln in mine:
             key = "val_accuracy" if acc else "val_loss"
@@ -163,9 +167,11 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
             if pipe:
                 cells.append(f"{fmt(ln['comm_bytes_per_step_fwd_vs_base'], 3)} / "
                              f"{fmt(ln['comm_bytes_per_step_bwd_vs_base'], 3)}")
+            cells.append(fmt(ln["minutes_per_run"], 1))
             body.append(cells)
         out.append(markdown_table(headers, body) + "\n")
     out.append("\n## Targets (issue 10)\n\n" + _targets_table(targets(lines)))
+    out.append(_time(lines, meta.get("jobs", 1)))
     if pending:
         out.append(f"\nNot run yet ({len(pending)} runs): " + ", ".join(pending) + "\n")
     if failed:
@@ -187,3 +193,20 @@ def _targets_table(t: dict[str, dict | None]) -> str:
             verdict = "met" if v["met"] else "missed by less than 1 std" if v["within_std"] else "missed"
             body.append([name, _pm(v["gap"], v["gap_std"], pct=True), verdict])
     return markdown_table(["target", "measured", ""], body) + "\n"
+
+
+def _time(lines: list[dict], jobs: int) -> str:
+    """How long the benchmark takes: each row's median run time times its seeds, summed per group and over
+    all, then divided by the runs at a time (an estimate: it assumes the cores are otherwise idle)."""
+    per_group: dict[str, float] = {}
+    for ln in lines:
+        if ln["minutes_per_run"] is not None:
+            per_group[ln["group"]] = per_group.get(ln["group"], 0.0) + ln["minutes_per_run"] * len(ln["seeds"])
+    if not per_group:
+        return ""
+    total = sum(per_group.values())
+    body = [[g, f"{m / 60:.2f}", f"{m / 60 / jobs:.2f}"] for g, m in per_group.items()]
+    body.append(["all", f"{total / 60:.2f}", f"{total / 60 / jobs:.2f}"])
+    return (f"\n## Time\n\nRun time per group: the rows' median minutes per uninterrupted run times their "
+            f"seeds; wall time at {jobs} runs at a time. Run times depend on what else the machine was "
+            "doing.\n\n" + markdown_table(["group", "hours of runs", f"hours at {jobs} at a time"], body) + "\n")

@@ -40,6 +40,7 @@ def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
         config = str(CONFIGS / Path(row.config).name)
         cmd = [sys.executable, "-m", "slimpar", "train", "--config", config, "--out", str(out),
                "--log.progress", "false", "--train.seed", str(row.seed), *row.overrides]
+        resumed = (out / "checkpoints").exists()  # an interrupted run resumes; its time is partial
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=dict(os.environ, PYTHONWARNINGS="ignore"))
@@ -47,11 +48,14 @@ def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
             out.mkdir(parents=True, exist_ok=True)
             (out / "failed.log").write_text(proc.stdout[-20000:] + "\n" + proc.stderr[-20000:])
             raise RuntimeError(f"benchmark row {row.key} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
-        (out / "wall_seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
+        name = "resumed_wall_seconds.txt" if resumed else "wall_seconds.txt"
+        (out / name).write_text(f"{time.perf_counter() - t0:.1f}\n")
     summary = json.loads(summary_path.read_text())
+    wall = out / "wall_seconds.txt"  # absent for a reused run timed by nothing, or a resumed one
     curve = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {"row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags, "command": _command(row),
-            "summary": {k: v for k, v in summary.items() if k != "config"}, "curve": curve}
+            "summary": {k: v for k, v in summary.items() if k != "config"}, "curve": curve,
+            "wall_s": float(wall.read_text()) if wall.exists() else None}
 
 
 def _command(row: Row) -> str:
@@ -82,15 +86,15 @@ def run_rows(rows: list[Row], root: Path, jobs: int = 1) -> list[dict]:
 
 
 def select_rows(rows: list[Row], only: set[str] | None) -> list[Row]:
-    """Rows named in ``only`` as ``name``, ``group/name`` or ``group/name/sSEED`` (all rows when empty)."""
+    """Rows named in ``only`` as ``group``, ``name``, ``group/name`` or ``group/name/sSEED`` (all when empty)."""
     if not only:
         return rows
 
     def names(r: Row) -> set[str]:
-        return {r.name, f"{r.group}/{r.name}", f"{r.group}/{r.name}/s{r.seed}"}
+        return {r.group, r.name, f"{r.group}/{r.name}", f"{r.group}/{r.name}/s{r.seed}"}
 
     unknown = only - set().union(*(names(r) for r in rows))
     if unknown:
-        raise ValueError(f"unknown benchmark rows {sorted(unknown)}; rows are named like 'DDP', 'llama/DDP' "
-                         f"or 'llama/DDP/s0'; known names: {sorted({r.name for r in rows})}")
+        raise ValueError(f"unknown benchmark rows {sorted(unknown)}; rows are named like 'llama' (a group), 'DDP', "
+                         f"'llama/DDP' or 'llama/DDP/s0'; known names: {sorted({r.name for r in rows})}")
     return [r for r in rows if names(r) & only]

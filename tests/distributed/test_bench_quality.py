@@ -33,6 +33,7 @@ def test_quick_quality_benchmark_and_its_reuse(tmp_path):
         assert ln["val_loss_gap"] == pytest.approx(sum(gaps) / 2)
     # every run logged its validation loss on the way (eval.every), which the curves plot
     assert all(any("val_loss" in c for c in r["curve"]) for r in data["runs"])
+    assert all(r["wall_s"] > 0 for r in data["runs"])  # uninterrupted runs are timed, for the time table
     report = (out / "report.md").read_text()
     assert "| B-SDP 0.5 iteration-matched within 1% of DDP |" in report and "| MAPL 4x + all changes |" in report
     for png in ("curves_sdp.png", "curves_mapl.png", "gaps_sdp.png", "gaps_mapl.png"):

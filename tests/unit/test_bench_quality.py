@@ -8,10 +8,10 @@ from slimpar.bench import quality, quality_report
 from slimpar.bench.runner import select_rows
 
 
-def _run(group, row, seed, val, wiki=None, curve=()):
+def _run(group, row, seed, val, wiki=None, curve=(), wall_s=None):
     summary = {"val_loss": val, "val_wikipedia_loss": wiki, "train_loss": val + 0.1, "steps": 2000}
     return {"group": group, "row": row, "seed": seed, "command": f"{row} cmd", "summary": summary,
-            "curve": list(curve)}
+            "curve": list(curve), "wall_s": wall_s}
 
 
 def test_every_row_the_issue_names_runs_with_three_seeds():
@@ -43,6 +43,12 @@ def test_every_row_the_issue_names_runs_with_three_seeds():
     frozen = next(r for r in rows if r.name == "MAPL 4x + PCA + frozen after N")
     assert frozen.overrides[frozen.overrides.index("--pipeline.freeze_projector_after") + 1] == "200"
     assert len(select_rows(rows, {"mapl/none/s1"})) == 1
+    assert {r.group for r in select_rows(rows, {"resnet"})} == {"resnet"} and len(select_rows(rows, {"resnet"})) == 9
+    half = [r for r in rows if r.group == "mapl-lr1e-3"]  # the half-learning-rate group differs only in its lr
+    assert {r.name for r in half} >= {"none", "SSN 4x", "MAPL 4x + all changes"}
+    for r in half:
+        same = next(m for m in rows if m.group == "mapl" and m.name == r.name and m.seed == r.seed)
+        assert r.overrides == same.overrides + ["--train.lr", "1e-3"]
 
 
 def test_gaps_are_paired_by_seed_with_sample_std():
@@ -130,3 +136,16 @@ def test_no_row_name_has_a_comma():
     names += [r.name for r in sdp.llama_rows("configs/llama_small.toml", 10, (0, 1))]
     names += [r.name for r in sdp.resnet_rows(10)]
     assert names and not [n for n in names if "," in n]
+
+
+def test_the_time_table_sums_median_run_times_per_group():
+    runs = [_run("sdp", "DDP", 0, 4.0, wall_s=600), _run("sdp", "DDP", 1, 4.0, wall_s=1200),
+            _run("sdp", "DDP", 2, 4.0, wall_s=6000),  # median 20 min, times 3 seeds: 1 h
+            _run("mapl", "none", 0, 4.0, wall_s=None), _run("mapl", "none", 1, 4.0, wall_s=3600)]  # 60 min x 2
+    lines = quality_report.aggregate(runs)
+    assert [ln["minutes_per_run"] for ln in lines] == [pytest.approx(20), pytest.approx(60)]
+    text = quality_report.report_markdown(lines, {**_meta(), "jobs": 2}, [], [])
+    time = text.split("## Time")[1]
+    assert "| sdp | 1.00 | 0.50 |" in time and "| mapl | 2.00 | 1.00 |" in time and "| all | 3.00 | 1.50 |" in time
+    untimed = quality_report.aggregate([_run("sdp", "DDP", 0, 4.0)])
+    assert "## Time" not in quality_report.report_markdown(untimed, _meta(), [], [])
