@@ -67,11 +67,12 @@ def plots(results: list[dict], lines: list[dict], out: Path) -> None:
 
 def _gap_curves(plt, runs: list[dict], names: list[str], group: str, key: str, path: Path) -> None:
     """Each row's validation gap to the baseline at every evaluation, paired by seed, mean over seeds:
-    does the gap close as training goes on?"""
+    does the gap close as training goes on? No plot for a group evaluated only at the end."""
     base = {r["seed"]: _points(r, key) for r in runs if r["row"] == BASELINE.get(group)}
     if not base:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = 0
     for i, name in enumerate(names):
         if name == BASELINE.get(group):
             continue
@@ -81,8 +82,14 @@ def _gap_curves(plt, runs: list[dict], names: list[str], group: str, key: str, p
                 if step in base[r["seed"]]:
                     per_step.setdefault(step, []).append(v / base[r["seed"]][step] - 1)
         steps = sorted(per_step)
+        if len(steps) < 2:
+            continue
+        drawn += 1
         ax.plot(steps, [100 * statistics.fmean(per_step[s]) for s in steps], label=name, marker=".", lw=1,
                 **_style(plt, i))
+    if not drawn:
+        plt.close(fig)
+        return
     ax.axhline(0, color="black", lw=0.5)
     ax.set(xlabel="step", ylabel=f"{key} gap vs {BASELINE.get(group)} (%)", title=f"{group}: gap during training")
     ax.legend(fontsize=6)

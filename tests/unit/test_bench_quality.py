@@ -149,3 +149,17 @@ def test_the_time_table_sums_the_fastest_run_times_per_group():
     assert "| sdp | 0.50 | 0.25 |" in time and "| mapl | 2.00 | 1.00 |" in time and "| all | 2.50 | 1.25 |" in time
     untimed = quality_report.aggregate([_run("sdp", "DDP", 0, 4.0)])
     assert "## Time" not in quality_report.report_markdown(untimed, _meta(), [], [])
+
+
+def test_the_gap_during_training_is_plotted_only_where_it_was_evaluated_during_training(tmp_path):
+    from slimpar.bench.quality_plots import plots
+
+    def curve(*vals):
+        return [{"step": 250 * (i + 1), "val_loss": v, "loss": v} for i, v in enumerate(vals)]
+
+    runs = [_run("sdp", "DDP", 0, 4.0, curve=curve(5.0, 4.0)), _run("sdp", "B-SDP 0.5", 0, 4.4, curve=curve(5.5, 4.4)),
+            _run("mapl", "none", 0, 4.0, curve=[{"step": 25, "loss": 6.0}]),  # evaluated at the end only
+            _run("mapl", "MAPL 4x", 0, 4.2, curve=[{"step": 25, "loss": 6.1}])]
+    plots(runs, quality_report.aggregate(runs), tmp_path)
+    assert (tmp_path / "gap_vs_step_sdp.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "gap_vs_step_mapl.png").exists() and (tmp_path / "curves_mapl.png").exists()
