@@ -36,6 +36,10 @@ def worker_main(cfg_dict: dict, out_dir: str) -> None:
     ctx = init_context(cfg, Path(out_dir))
     try:
         Trainer(cfg, ctx).run()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # every rank done before any tears down: gloo can abort (SIGABRT) in destroy_process_group
+            # while a peer still has a send in flight, which would turn a finished run into a failed one
+            dist.barrier()
     except TrainingDiverged as e:
         if ctx.is_main:  # every rank reached the same verdict; one message is enough
             print(f"slimpar: error: {e}", file=sys.stderr, flush=True)
