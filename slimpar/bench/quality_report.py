@@ -117,6 +117,13 @@ def targets(lines: list[dict]) -> dict[str, dict | None]:
             _within(_line(lines, "mapl", "MAPL 16x + RVQ + all changes"), 0.03),
         "8 blocks: MAPL 4x + all changes ahead of SSN 4x":
             _ahead(lines, "mapl-deep", "MAPL 4x + all changes", "SSN 4x"),
+        # the same comparisons at half the learning rate: does the verdict depend on the shared lr?
+        "lr 1e-3: MAPL 4x + all changes ahead of SSN 4x":
+            _ahead(lines, "mapl-lr1e-3", "MAPL 4x + all changes", "SSN 4x"),
+        "lr 1e-3: MAPL 8x + all changes ahead of SSN 8x":
+            _ahead(lines, "mapl-lr1e-3", "MAPL 8x + all changes", "SSN 8x"),
+        "lr 1e-3: MAPL 16x + RVQ + all changes within 3% of none":
+            _within(_line(lines, "mapl-lr1e-3", "MAPL 16x + RVQ + all changes"), 0.03),
     }
 
 

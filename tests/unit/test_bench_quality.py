@@ -106,6 +106,20 @@ def test_the_deep_target_compares_rows_of_its_own_group():
     assert t["8 blocks: MAPL 4x + all changes ahead of SSN 4x"]["met"]
     assert t["MAPL 4x + all changes ahead of SSN 4x"]["lead"] == pytest.approx(-0.5)
     assert t["MAPL 8x + all changes ahead of SSN 8x"] is None
+    assert t["lr 1e-3: MAPL 4x + all changes ahead of SSN 4x"] is None  # that group did not run
+
+
+def test_the_half_learning_rate_targets_read_their_own_group():
+    runs = [_run("mapl-lr1e-3", n, s, v + 0.02 * s) for n, v in (("none", 4.0), ("SSN 4x", 4.2),
+            ("MAPL 4x + all changes", 4.1), ("MAPL 16x + RVQ + all changes", 4.16)) for s in (0, 1)]
+    runs += [_run("mapl", "SSN 4x", s, 3.0) for s in (0, 1)]  # the other group's rows must not be read
+    t = quality_report.targets(quality_report.aggregate(runs))
+    ahead = t["lr 1e-3: MAPL 4x + all changes ahead of SSN 4x"]
+    assert ahead["lead"] == pytest.approx(0.1) and ahead["spread"] == pytest.approx(2 * 0.02 / 2 ** 0.5)
+    assert ahead["met"]
+    # gaps 4.16 / 4.0 - 1 = 4.0% and 4.18 / 4.02 - 1 = 3.98%: missed
+    assert not t["lr 1e-3: MAPL 16x + RVQ + all changes within 3% of none"]["met"]
+    assert t["lr 1e-3: MAPL 8x + all changes ahead of SSN 8x"] is None
 
 
 def test_the_curve_gives_the_last_quarter_drop_and_the_tail_training_loss():
