@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True, help="folder for results.json, report.md and plots")
     b.add_argument("--steps", type=int, default=None,
                    help="training steps per row of the full benchmark (default: sdp/mapl 100, quality 2000)")
-    b.add_argument("--rows", default="", help="comma-separated row names (default: all); finished rows are reused")
+    b.add_argument("--rows", default="", help="comma-separated groups, rows (name or group/name) or runs "
+                   "(group/name/sSEED); default: all; finished runs are reused")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="mapl only: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling)")
     b.add_argument("--jobs", type=int, default=None,

@@ -137,8 +137,8 @@ def bench_mapl(out: Path, quick: bool, steps: int = 100, only: set[str] | None =
     from slimpar.bench.plots import pareto_plot
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
-    out.mkdir(parents=True, exist_ok=True)
     todo = select_rows(rows(quick, steps, device), only)
+    out.mkdir(parents=True, exist_ok=True)
     results = run_rows(todo, out, jobs)
     none = next((line(r, None) for r in results if r["row"] == "none"), None)
     lines = [line(r, none) for r in results]

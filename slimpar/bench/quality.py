@@ -129,8 +129,8 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     """Run (or reuse) every selected run, ``jobs`` at a time, rewriting the report after each one.
 
     ``report_only`` trains nothing: the report covers the finished runs and lists the others as not run."""
-    out.mkdir(parents=True, exist_ok=True)
     todo = select_rows(quick_rows() if quick else rows(steps), only)
+    out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per run: ``jobs`` runs share the cores
     results: dict[str, dict] = {}
     failed: list[str] = []

@@ -95,6 +95,9 @@ def select_rows(rows: list[Row], only: set[str] | None) -> list[Row]:
 
     unknown = only - set().union(*(names(r) for r in rows))
     if unknown:
-        raise ValueError(f"unknown benchmark rows {sorted(unknown)}; rows are named like 'llama' (a group), 'DDP', "
-                         f"'llama/DDP' or 'llama/DDP/s0'; known names: {sorted({r.name for r in rows})}")
+        from slimpar.config import ConfigError  # the CLI prints it and exits 2, before anything is written
+
+        groups, names_ = sorted({r.group for r in rows}), sorted({r.name for r in rows})
+        raise ConfigError(f"unknown benchmark rows {sorted(unknown)}; select a group, a row or one seed's run "
+                          f"('llama', 'DDP', 'llama/DDP' or 'llama/DDP/s0'); groups: {groups}; rows: {names_}")
     return [r for r in rows if names(r) & only]

@@ -150,9 +150,9 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
 def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None, jobs: int = 1) -> dict:
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
-    out.mkdir(parents=True, exist_ok=True)
     rows = quick_rows() if quick else llama_rows(LLAMA, steps, (0, 1)) + resnet_rows(steps)
     rows = select_rows(rows, only)
+    out.mkdir(parents=True, exist_ok=True)
     results = run_rows(rows, out, jobs)
     lines = aggregate(results)
     meta = metadata({"quick": quick, "steps": None if quick else steps})

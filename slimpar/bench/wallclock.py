@@ -256,9 +256,14 @@ def bench_wallclock(out: Path, quick: bool = False, only: set[str] | None = None
                     rates: tuple[float, ...] | None = None) -> dict:
     """The sweep (finished runs in ``out/runs`` are reused); ``rates`` (Mbit/s, keys of ``STEPS``) overrides
     the rates of ``quick`` or the full sweep."""
+    todo = [r for r in rows(quick) if not only or r[1] in only]
+    unknown = (only or set()) - {r[1] for r in rows(quick)}
+    if unknown:
+        from slimpar.config import ConfigError
+
+        raise ConfigError(f"unknown wallclock rows {sorted(unknown)}; known: {[r[1] for r in rows(quick)]}")
     out.mkdir(parents=True, exist_ok=True)
     rates = rates or (QUICK["rates"] if quick else RATES)
-    todo = [r for r in rows(quick) if not only or r[1] in only]
     lines = [run_one(fam, name, ov, rate, STEPS[rate], out) for rate in rates for fam, name, ov in todo]
     fits: dict[str, dict] = {}
     for fam, name, _ in todo:
