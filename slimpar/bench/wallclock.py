@@ -256,12 +256,12 @@ def bench_wallclock(out: Path, quick: bool = False, only: set[str] | None = None
                     rates: tuple[float, ...] | None = None) -> dict:
     """The sweep (finished runs in ``out/runs`` are reused); ``rates`` (Mbit/s, keys of ``STEPS``) overrides
     the rates of ``quick`` or the full sweep."""
-    todo = [r for r in rows(quick) if not only or r[1] in only]
-    unknown = (only or set()) - {r[1] for r in rows(quick)}
-    if unknown:
-        from slimpar.config import ConfigError
+    every = rows(quick)
+    todo = [r for r in every if not only or r[1] in only]
+    if unknown := (only or set()) - {r[1] for r in every}:
+        from slimpar.config import ConfigError  # imports torch: only on this error path
 
-        raise ConfigError(f"unknown wallclock rows {sorted(unknown)}; known: {[r[1] for r in rows(quick)]}")
+        raise ConfigError(f"unknown wallclock rows {sorted(unknown)}; known: {[r[1] for r in every]}")
     out.mkdir(parents=True, exist_ok=True)
     rates = rates or (QUICK["rates"] if quick else RATES)
     lines = [run_one(fam, name, ov, rate, STEPS[rate], out) for rate in rates for fam, name, ov in todo]
