@@ -1,12 +1,12 @@
 """Process layout of a pipeline with data-parallel replicas: workers = P stages × R replicas.
 
 Global rank g runs stage g % P of replica g // P. Every rank creates every group, in the same order
-(torch requires ``new_group`` to be called collectively): first the R pipeline groups (one per
-replica: the P ranks that pass activations along), then the P replica groups (one per stage: the R
-ranks whose gradients are averaged, DDP-style). With R = 1 the pipeline group is the run's WORLD group
-and no replica group exists. ``layout_mesh`` views the same groups as a 2-D DeviceMesh (dp × pp), and
-``replica_subgroups`` adds sub-groups of each stage's replica group (e.g. SDP holder groups), again on
-every rank in the same order.
+(torch requires ``new_group`` to be called collectively): the R pipeline groups (one per replica: the
+P ranks that pass activations along) and the P replica groups (one per stage: the R ranks whose
+gradients are averaged, DDP-style). With R = 1 the pipeline group is the run's WORLD group
+and no replica group exists. ``layout_mesh`` views the same groups as a 2-D DeviceMesh (dp × pp). Groups
+come from :class:`slimpar.parallel.groups.GroupFactory` (ranks of the run's group, one timeout); SDP's
+holder groups inside a stage's replica group are made the same way (:mod:`slimpar.hybrid`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+
+from slimpar.parallel.groups import GroupFactory
 
 
 @dataclass(frozen=True)
@@ -65,9 +67,10 @@ def build_groups(layout: PipelineLayout, world_group: dist.ProcessGroup,
     """
     if layout.replicas == 1:
         return PipelineGroups(world_group, None, world_group)
-    pipelines = [dist.new_group(layout.pipeline_ranks(r), timeout=timeout) for r in range(layout.replicas)]
-    replicas = [dist.new_group(layout.replica_ranks(s), timeout=timeout) for s in range(layout.stages)]
-    return PipelineGroups(pipelines[layout.replica], replicas[layout.stage], world_group)
+    pipelines = [tuple(layout.pipeline_ranks(r)) for r in range(layout.replicas)]
+    replicas = [tuple(layout.replica_ranks(s)) for s in range(layout.stages)]
+    made = GroupFactory(world_group, timeout).create(pipelines + replicas)
+    return PipelineGroups(made[pipelines[layout.replica]], made[replicas[layout.stage]], world_group)
 
 
 def layout_mesh(layout: PipelineLayout, groups: PipelineGroups, device_type: str = "cpu") -> DeviceMesh | None:
@@ -77,26 +80,3 @@ def layout_mesh(layout: PipelineLayout, groups: PipelineGroups, device_type: str
         return None
     ranks = torch.arange(layout.stages * layout.replicas).view(layout.replicas, layout.stages)
     return DeviceMesh.from_group([groups.replica, groups.pipeline], device_type, ranks, mesh_dim_names=("dp", "pp"))
-
-
-def replica_subgroups(layout: PipelineLayout, sets_by_stage: list[list[tuple[int, ...]]], groups: PipelineGroups,
-                      timeout: timedelta | None = None) -> dict[tuple[int, ...], dist.ProcessGroup]:
-    """Sub-groups of every stage's replica group, created collectively; returns this rank's stage's.
-
-    ``sets_by_stage[s]`` lists sets of replica indices (0..R−1) of stage s; each is translated to global
-    ranks (replica w of stage s is rank w·P + s). Sets of one replica need no group; the set of all R
-    replicas is the stage's replica group itself. Every rank calls ``new_group`` for every stage's sets,
-    in stage order and sorted within a stage, as torch requires. The result holds the sets this rank
-    is in (and the set of all replicas).
-    """
-    everyone = tuple(range(layout.replicas))
-    mine: dict[tuple[int, ...], dist.ProcessGroup] = {}
-    if groups.replica is not None:
-        mine[everyone] = groups.replica
-    for s, sets in enumerate(sets_by_stage):
-        for hs in sorted({tuple(sorted(h)) for h in sets if 1 < len(h) < layout.replicas}):
-            ranks = [layout.replica_ranks(s)[w] for w in hs]
-            g = dist.new_group(ranks, timeout=timeout)
-            if s == layout.stage and layout.replica in hs:  # others get a non-member placeholder
-                mine[hs] = g
-    return mine

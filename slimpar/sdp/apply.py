@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from slimpar.sdp.components import Component
+from slimpar.sdp.components import Component, model_components
 from slimpar.sdp.plan import Plan
 from slimpar.sdp.sync import Piece
 
@@ -144,8 +144,25 @@ def _split_param(model: nn.Module, sub: Subnet, name: str, dim: int, perm: torch
     return held, frozen
 
 
-def apply_subnet(model: nn.Module, plan: Plan, rank: int, shared_names: list[str], regime: str = "forward") -> Subnet:
-    """Turn the full ``model`` into ``rank``'s subnetwork in place (see the module docstring)."""
+def shared_names_of(model: nn.Module, plan: Plan) -> list[str]:
+    """The parameters every worker holds: the plan's record of them, else what the model's structure says."""
+    if plan.shared_params:
+        return list(plan.shared_params)
+    layers: dict[str, int] = {}
+    for c in plan.components:
+        if c.index is not None:
+            layers[c.layer] = layers.get(c.layer, 0) + 1
+    level = "neuron" if layers else "block"
+    _, shared, _ = model_components(model, level, max(layers.values()) if layers else 4)
+    return shared
+
+
+def apply_subnet(model: nn.Module, plan: Plan, rank: int, shared_names: list[str] | None = None,
+                 regime: str = "forward") -> Subnet:
+    """Turn the full ``model`` into ``rank``'s subnetwork in place (see the module docstring); ``shared_names``
+    default to :func:`shared_names_of`."""
+    if shared_names is None:
+        shared_names = shared_names_of(model, plan)
     sub = Subnet(rank=rank, held=[c for c in range(len(plan.components)) if plan.mask[rank, c]])
     block_cols = [c for c, comp in enumerate(plan.components) if comp.index is None]
     if regime == "forward":

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from slimpar.sdp.apply import Subnet
@@ -57,13 +56,13 @@ def _owner_of(plan: Plan) -> dict[str, list[tuple[int, tuple[int, int] | None, i
     return owners
 
 
-def gather_full_model(local_tensors: dict[str, torch.Tensor], skeleton: nn.Module, plan: Plan, sub: Subnet, worker: int,
-                      group: dist.ProcessGroup | None, device: torch.device,
-                      worker_rank=lambda w: w) -> nn.Module:
-    """Materialise ``skeleton`` and fill it from the holders (collective over ``group``).
+def gather_full_model(local_tensors: dict[int, dict[str, torch.Tensor]], skeleton: nn.Module, plan: Plan,
+                      subs: dict[int, Subnet], broadcast, device: torch.device) -> nn.Module:
+    """Materialise ``skeleton`` and fill it from the holders (collective over the SDP workers).
 
-    ``local_tensors`` are this worker's unsharded parameters and buffers by name; worker w's
-    tensors are broadcast from global rank ``worker_rank(w)``."""
+    ``local_tensors[w]`` are the unsharded parameters and buffers, by name, of each worker w that lives in
+    this process; ``broadcast(t, w)`` sends worker w's value of ``t`` to every rank (a no-op when every
+    worker lives here)."""
     full = materialize(skeleton, device)
     owners = _owner_of(plan)
     block_src = {k[len("__module__"):]: v[0][0] for k, v in owners.items() if k.startswith("__module__")}
@@ -71,28 +70,24 @@ def gather_full_model(local_tensors: dict[str, torch.Tensor], skeleton: nn.Modul
         with torch.no_grad():
             if name in owners:
                 for src, index, dim in owners[name]:
-                    _fill(target, local_tensors.get(name), src, index, dim, sub, name, worker, group, worker_rank)
+                    _fill(target, name, src, index, dim, local_tensors, subs, broadcast)
                 continue
             src = next((s for prefix, s in block_src.items() if name.startswith(prefix + ".")), 0)
-            _fill(target, local_tensors.get(name), src, None, 0, sub, name, worker, group, worker_rank)
+            _fill(target, name, src, None, 0, local_tensors, subs, broadcast)
     return full
 
 
-def _fill(target, mine, src, index, dim, sub, name, worker, group, worker_rank) -> None:
-    if index is None:
-        view = target
-        if worker == src:
-            view.copy_(mine)
-    else:
-        view = target.narrow(dim, index[0], index[1] - index[0])
-        if worker == src:
-            local_dim, idx = sub.index_map[name]
+def _fill(target, name, src, index, dim, local_tensors, subs, broadcast) -> None:
+    view = target if index is None else target.narrow(dim, index[0], index[1] - index[0])
+    if src in local_tensors:
+        mine = local_tensors[src].get(name)
+        if index is not None:
+            local_dim, idx = subs[src].index_map[name]
             pos = _local_positions(idx, index)
-            view.copy_(mine.narrow(local_dim, pos[0], pos[1] - pos[0]))
-    if group is None:
-        return
+            mine = mine.narrow(local_dim, pos[0], pos[1] - pos[0])
+        view.copy_(mine)
     buf = view.contiguous()
-    dist.broadcast(buf, src=worker_rank(src), group=group)
+    broadcast(buf, src)
     if buf.data_ptr() != view.data_ptr():
         view.copy_(buf)
 

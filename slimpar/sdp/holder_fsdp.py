@@ -9,7 +9,8 @@ over all workers while activations and all-gathers scale with the blocks a worke
 
 Communication phases: FSDP2 all-gathers a held block's shards within its holder group before its
 forward and backward and reduce-scatters its gradient within the same group; the root does the same
-for the shared parameters over all workers. Groups are created by every rank in the plan's order.
+for the shared parameters over all workers. The holder groups are sub-groups of the SDP group (any
+group), created on every rank in the same order by :class:`slimpar.parallel.groups.GroupFactory`.
 """
 
 from __future__ import annotations
@@ -20,21 +21,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slimpar.parallel.groups import GroupFactory
 from slimpar.sdp.plan import Plan
 
 
 def shard_over_holders(model: nn.Module, plan: Plan, rank: int, device: torch.device,
-                       timeout: timedelta | None = None) -> None:
-    """FSDP2-shard each held block over its holder group; ``timeout`` bounds those groups' collectives."""
+                       timeout: timedelta | None = None, group: dist.ProcessGroup | None = None) -> None:
+    """FSDP2-shard each held block over its holder group (worker ``rank`` of the SDP ``group``, default the
+    world); ``timeout`` bounds those groups' collectives."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    meshes: dict[tuple[int, ...], DeviceMesh] = {}
-    for hs in plan.distinct_holder_sets:  # every rank creates every group, in the same order
-        if len(hs) > 1:
-            group = dist.new_group(list(hs), timeout=timeout)
-            if rank in hs:
-                meshes[hs] = DeviceMesh.from_group(group, device.type)
+    groups = GroupFactory(group, timeout).create(plan.distinct_holder_sets)
+    meshes = {hs: DeviceMesh.from_group(g, device.type) for hs, g in groups.items()}
     ignored: set[nn.Parameter] = set()
     sharded: list[tuple[tuple[int, ...], nn.Module]] = []
     for c, comp in enumerate(plan.components):
@@ -49,7 +48,7 @@ def shard_over_holders(model: nn.Module, plan: Plan, rank: int, device: torch.de
             sharded.append((holders, block))
         else:
             ignored.update(block.parameters())
-    world = DeviceMesh.from_group(dist.group.WORLD, device.type)
+    world = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device.type)
     fully_shard(model, mesh=world, ignored_params=ignored or None)
     _prefetch_within_groups(model, sharded)
 

@@ -4,10 +4,13 @@ Algorithm (METHODS.md Part 1): component c's gradient is averaged over its holde
 ĝ_c = (1/k_c) Σ_{i∈S_c} g_{i,c}; shared parameters over all workers; a component held by one
 worker is never communicated.
 
+The collectives go through a communicator (:mod:`slimpar.sdp.comm`): process groups of any parent
+group, or every worker of ``VirtualSDP`` in one process; a bucket holds the pieces of each worker that
+lives in this process (one for a real run).
+
 Communication phases of one step:
 1. Set-up (once, collective): one process group per distinct holder set with k > 1, created by
-   every rank in the plan's deterministic order (``dist.new_group`` must be called by all ranks in
-   the same order) — :class:`HolderGroups`.
+   every rank in the plan's deterministic order (:class:`slimpar.sdp.comm.GroupComm`).
 2. During backward: a post-accumulate-grad hook marks each parameter ready; when every piece of a
    bucket is ready, the bucket is copied into one flat buffer and an async SUM all-reduce is
    launched on its group. Buckets of one group are launched strictly in their canonical order, so
@@ -21,10 +24,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 
@@ -56,65 +57,57 @@ class Piece:
 
 @dataclass
 class Bucket:
-    pieces: list[Piece]
-    group: dist.ProcessGroup
-    size: int  # k: number of workers averaging this bucket
+    """One all-reduce: the same run of pieces on every holder (``pieces[w]``: worker w's, for the workers in
+    this process); ``key`` is the holder set and ``size`` = k."""
+
+    pieces: dict[int, list[Piece]]
     key: tuple[int, ...]
-    buf: torch.Tensor | None = None
+    bufs: dict[int, torch.Tensor] = field(default_factory=dict)
     work: object | None = None
     pending: int = 0
     params: set[int] = field(default_factory=set)
 
     @property
+    def size(self) -> int:
+        return len(self.key)
+
+    @property
     def numel(self) -> int:
-        return sum(p.numel for p in self.pieces)
-
-
-class HolderGroups:
-    """Process groups for every distinct holder set (plus the all-workers group), created collectively.
-
-    ``members(S)`` maps a set of SDP workers to global ranks; with an FSDP dimension of size F each
-    worker is F ranks and one group is created per shard index. ``timeout`` bounds every collective on
-    the new groups (None: torch's default), so a hung holder fails the run instead of hanging it.
-    """
-
-    def __init__(self, holder_sets: list[tuple[int, ...]], n_workers: int, fsdp: int = 1,
-                 world_group: dist.ProcessGroup | None = None, timeout: timedelta | None = None):
-        self.fsdp = fsdp
-        self.groups: dict[tuple[tuple[int, ...], int], dist.ProcessGroup] = {}
-        everyone = tuple(range(n_workers))
-        for hs in sorted({tuple(s) for s in holder_sets if len(s) > 1} | ({everyone} if n_workers > 1 else set())):
-            for f in range(fsdp):
-                ranks = [w * fsdp + f for w in hs]
-                if len(ranks) == dist.get_world_size() and world_group is not None:
-                    self.groups[(hs, f)] = world_group
-                else:
-                    self.groups[(hs, f)] = dist.new_group(ranks, timeout=timeout)
-
-    def get(self, holder_set: tuple[int, ...], shard: int = 0) -> dist.ProcessGroup:
-        return self.groups[(tuple(holder_set), shard)]
+        return sum(p.numel for p in next(iter(self.pieces.values())))
 
 
 class GradSync:
-    """Bucketed, overlapped holder-group all-reduce of gradients (see the module docstring)."""
+    """Bucketed, overlapped holder-set all-reduce of gradients (see the module docstring).
 
-    def __init__(self, buckets: list[Bucket], overlap: bool = True):
-        self.buckets = buckets
+    ``overlap``: launch each bucket from backward hooks as soon as its gradients are final (one worker per
+    process only); otherwise everything is launched by ``finish()``. Parameters that do not require a
+    gradient (e.g. a frozen projector) contribute zeros and are given none.
+
+    ``accumulations`` = M: a gradient is final after M backward accumulations (a pipeline schedule's M
+    micro-batches), and ``divide_by`` = M divides it when it enters its bucket, the mean over micro-batches
+    that the schedule's own ``scale_grads`` would take later, after the all-reduce had been launched.
+    """
+
+    def __init__(self, buckets: list[Bucket], comm, overlap: bool = True, accumulations: int = 1,
+                 divide_by: int = 1):
+        self.buckets, self.comm = buckets, comm
         self.overlap = overlap
+        self.accumulations, self.divide_by = accumulations, divide_by
+        self._seen: dict[int, int] = {}
         self.enabled = True
         self.wait_seconds = 0.0
         self._by_param: dict[int, list[Bucket]] = {}
-        self._next: dict[tuple[int, ...], int] = {}
         self._order: dict[tuple[int, ...], list[Bucket]] = {}
+        self._next: dict[tuple[int, ...], int] = {}
         self._handles = []
         for b in buckets:
-            b.params = {id(p.param) for p in b.pieces}
+            b.params = {id(p.param) for pcs in b.pieces.values() for p in pcs}
             self._order.setdefault(b.key, []).append(b)
             for pid in b.params:
                 self._by_param.setdefault(pid, []).append(b)
         seen: set[int] = set()
         for b in buckets:
-            for p in b.pieces:
+            for p in (q for pcs in b.pieces.values() for q in pcs):
                 if id(p.param) not in seen:
                     seen.add(id(p.param))
                     self._handles.append(p.param.register_post_accumulate_grad_hook(self._on_grad))
@@ -122,8 +115,9 @@ class GradSync:
 
     def _reset(self) -> None:
         for b in self.buckets:
-            b.pending, b.buf, b.work = len(b.params), None, None
+            b.pending, b.bufs, b.work = len(b.params), {}, None
         self._next = {k: 0 for k in self._order}
+        self._seen = {}
 
     def _on_grad(self, param: torch.Tensor) -> None:
         g = param.grad
@@ -132,6 +126,9 @@ class GradSync:
             # copy so the full-size gradient storage is freed with the autograd graph
             param.grad = g.clone(memory_format=torch.contiguous_format)
         if not (self.enabled and self.overlap):
+            return
+        self._seen[id(param)] = self._seen.get(id(param), 0) + 1
+        if self._seen[id(param)] < self.accumulations:
             return
         for b in self._by_param.get(id(param), []):
             b.pending -= 1
@@ -144,21 +141,11 @@ class GradSync:
             self._next[key] += 1
 
     def _launch(self, b: Bucket) -> None:
-        dtype = b.pieces[0].param.dtype
-        b.buf = torch.empty(b.numel, dtype=dtype, device=b.pieces[0].param.device)
-        offset = 0
-        for p in b.pieces:
-            dst = b.buf[offset:offset + p.numel]
-            g = p.param.grad
-            if g is None:
-                dst.zero_()
-            else:
-                g = local(g)
-                dst.view(p.view(g).shape).copy_(p.view(g))
-            if p.dim is None and not hasattr(p.param, "to_local"):
-                p.param.grad = dst.view_as(p.param)  # the bucket becomes the gradient; autograd's copy is freed
-            offset += p.numel
-        b.work = dist.all_reduce(b.buf, op=dist.ReduceOp.SUM, group=b.group, async_op=True)
+        for w, pieces in b.pieces.items():
+            b.bufs[w] = _pack(pieces, b.numel)
+            if self.divide_by != 1:
+                b.bufs[w].div_(self.divide_by)
+        b.work = self.comm.all_reduce(b.key, b.bufs, async_op=True)
 
     def finish(self) -> None:
         """Launch what is left, wait for every bucket, average and write back gradients."""
@@ -171,16 +158,8 @@ class GradSync:
             b.work.wait()
         self.wait_seconds = time.perf_counter() - t0
         for b in self.buckets:
-            b.buf.div_(b.size)
-            offset = 0
-            for p in b.pieces:
-                src = b.buf[offset:offset + p.numel]
-                if p.dim is not None or hasattr(p.param, "to_local"):
-                    if p.param.grad is None:
-                        p.param.grad = torch.zeros_like(p.param)
-                    g = local(p.param.grad)
-                    p.view(g).copy_(src.view(p.view(g).shape))
-                offset += p.numel
+            for w, pieces in b.pieces.items():
+                _unpack(pieces, b.bufs[w].div_(b.size))
         self._reset()
 
     def remove(self) -> None:
@@ -188,21 +167,50 @@ class GradSync:
             h.remove()
 
 
-def make_buckets(pieces_by_set: dict[tuple[int, ...], list[Piece]], groups: HolderGroups, shard: int,
-                 cap_bytes: int) -> list[Bucket]:
-    """Split each holder set's pieces (already in canonical order) into buckets of about ``cap_bytes``."""
+def _pack(pieces: list[Piece], numel: int) -> torch.Tensor:
+    """One worker's gradients of a bucket in one flat buffer; whole parameters take a view of it as their
+    gradient (autograd's copy is freed at launch)."""
+    buf = torch.empty(numel, dtype=pieces[0].param.dtype, device=pieces[0].param.device)
+    offset = 0
+    for p in pieces:
+        dst = buf[offset:offset + p.numel]
+        g = p.param.grad
+        if g is None:
+            dst.zero_()
+        else:
+            g = local(g)
+            dst.view(p.view(g).shape).copy_(p.view(g))
+        if p.dim is None and not hasattr(p.param, "to_local") and p.param.requires_grad:
+            p.param.grad = dst.view_as(p.param)
+        offset += p.numel
+    return buf
+
+
+def _unpack(pieces: list[Piece], buf: torch.Tensor) -> None:
+    """Write the averaged buffer back where the gradients are not views of it (slices, DTensor shards)."""
+    offset = 0
+    for p in pieces:
+        src = buf[offset:offset + p.numel]
+        if (p.dim is not None or hasattr(p.param, "to_local")) and p.param.requires_grad:
+            if p.param.grad is None:
+                p.param.grad = torch.zeros_like(p.param)
+            g = local(p.param.grad)
+            p.view(g).copy_(src.view(p.view(g).shape))
+        offset += p.numel
+
+
+def make_buckets(pieces_by_worker: dict[int, dict[tuple[int, ...], list[Piece]]], cap_bytes: int) -> list[Bucket]:
+    """Split each holder set's pieces (already in canonical order, the same on every holder) into buckets of
+    about ``cap_bytes``; sets held by one worker are never communicated."""
+    keys = sorted({k for by_set in pieces_by_worker.values() for k in by_set if len(k) > 1})
     buckets: list[Bucket] = []
-    for key in sorted(pieces_by_set):
-        if len(key) < 2:
-            continue  # held by one worker: never communicated
-        current: list[Piece] = []
-        nbytes = 0
-        for piece in pieces_by_set[key]:
-            current.append(piece)
+    for key in keys:
+        mine = {w: by_set[key] for w, by_set in pieces_by_worker.items() if key in by_set}
+        first = next(iter(mine.values()))
+        start, nbytes = 0, 0
+        for j, piece in enumerate(first):
             nbytes += piece.numel * piece.param.element_size()
-            if nbytes >= cap_bytes:
-                buckets.append(Bucket(current, groups.get(key, shard), len(key), key))
-                current, nbytes = [], 0
-        if current:
-            buckets.append(Bucket(current, groups.get(key, shard), len(key), key))
+            if nbytes >= cap_bytes or j == len(first) - 1:
+                buckets.append(Bucket({w: pcs[start:j + 1] for w, pcs in mine.items()}, key))
+                start, nbytes = j + 1, 0
     return buckets

@@ -57,20 +57,6 @@ def init_context(cfg: Config, out_dir: Path) -> RunContext:
     return RunContext(rank=rank, world=world, device=device, out_dir=out_dir, group=group, timeout=timeout)
 
 
-def bound_timeout(mesh, timeout: timedelta | None) -> None:
-    """Give every group of a DeviceMesh the run's timeout.
-
-    ``init_device_mesh`` creates its groups with torch's default timeout and takes no timeout of its own
-    (only through backend-specific options), so it is set on each group after the fact.
-    """
-    if timeout is None:
-        return
-    from torch.distributed.distributed_c10d import _set_pg_timeout
-
-    for dim in range(mesh.ndim):
-        _set_pg_timeout(timeout, mesh.get_group(dim))
-
-
 def _share_cores(world: int) -> None:
     """Give each local CPU worker its share of the cores, unless the user chose a thread count.
 

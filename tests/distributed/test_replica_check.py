@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from slimpar.sdp.holders import _print as _fingerprint
 from slimpar.sdp.sync import Piece
-from slimpar.sdp.wrapper import _fingerprint
 
 BIG = 2_100_000  # elements: more than twice the old checksum's period of 1,000,003
 I, J = 12_345, 12_345 + 1_000_003

@@ -10,9 +10,9 @@ import pytest
 import slimpar
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.comm import binomial_broadcast, ring_allreduce, traffic
+from slimpar.sdp.holders import refresh_sets
 from slimpar.sdp.plan import analytic_bytes_per_step
 from slimpar.sdp.roots import refresh_members, refresh_roots
-from slimpar.sdp.wrapper import refresh_sets
 
 
 @pytest.mark.parametrize("k", range(1, 10))

@@ -1,0 +1,222 @@
+"""``HolderSync``: everything SDP communicates, for the workers that live in this process.
+
+One object owns SDP's synchronisation (METHODS.md Part 1) for a real run (one worker per process, any
+parent group: :class:`~slimpar.sdp.comm.GroupComm`) and for ``VirtualSDP`` (every worker in one process:
+:class:`~slimpar.sdp.comm.LocalComm`). It is built *after* the subnetwork is cut (:func:`apply_subnet`)
+and after any activation checkpointing or FSDP2 was applied from outside: its pieces are bound by name to
+the module's parameters as they are then. Communication phases:
+
+1. every step, during backward: each component's gradient is averaged over its holders S_c only,
+   ĝ_c = (1/k_c) Σ_{i∈S_c} g_{i,c}, shared parameters over all workers, bucketed by holder set and
+   overlapped with backward (:class:`~slimpar.sdp.sync.GradSync`); ``sync()`` finishes it;
+2. ``clip_grad_norm_``: one float64 all-reduce over the parent group gives the norm of the full averaged
+   gradient (each component counted at its first holder, shared parameters at worker 0), so every holder
+   clips by the same factor;
+3. backward regime, after the optimizer step: each component some worker lacks is broadcast from its
+   refresh root (:mod:`slimpar.sdp.roots`) to the workers that do not hold it, every ``refresh_every`` steps;
+4. ``check_replicas()``: the holders of each set all-gather one fingerprint per component and compare;
+5. ``gather_full_model()``: every tensor of the full model broadcast from one holder (:mod:`slimpar.sdp.gather`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from slimpar.parallel.fingerprint import fingerprint
+from slimpar.sdp.apply import Subnet
+from slimpar.sdp.gather import gather_full_model
+from slimpar.sdp.plan import Plan
+from slimpar.sdp.roots import refresh_members, refresh_roots
+from slimpar.sdp.sync import GradSync, Piece, local, make_buckets
+
+
+def refresh_sets(plan: Plan) -> dict[int, tuple[int, ...]]:
+    """Backward regime: component -> workers in its refresh broadcast (its root, the only holder among them,
+    + non-holders), in plan order; components every worker holds are never stale and are left out."""
+    return {c: refresh_members(plan, c, root) for c, root in refresh_roots(plan).items()}
+
+
+def holder_sets(plan: Plan, regime: str) -> list[tuple[int, ...]]:
+    """Every set of workers that communicates: the holder sets, and the backward regime's refresh sets."""
+    extra = list(refresh_sets(plan).values()) if regime == "backward" else []
+    return list(plan.distinct_holder_sets) + extra
+
+
+class HolderSync:
+    """SDP's synchronisation of ``workers`` (worker index -> (its module, its Subnet)) over ``comm``.
+
+    Args:
+        accumulations: M > 1 when gradients accumulate over M backward passes that the caller does not
+            divide (a pipeline schedule built with ``scale_grads=False``): each is final after M passes and
+            enters its bucket divided by M.
+        fsdp_does_averaging: holder-sharded FSDP2 (:mod:`slimpar.sdp.holder_fsdp`) averages in its own
+            reduce-scatter: no gradient sync here, and every element lives on exactly one shard.
+    """
+
+    def __init__(self, workers: dict[int, tuple[nn.Module, Subnet]], plan: Plan, comm, regime: str = "forward",
+                 bucket_mb: float = 25.0, overlap: bool = True, refresh_every: int = 1,
+                 fsdp_does_averaging: bool = False, accumulations: int = 1):
+        self.plan, self.comm, self.regime, self.refresh_every = plan, comm, regime, refresh_every
+        self.modules = {w: m for w, (m, _) in workers.items()}
+        self.subs = {w: sub for w, (_, sub) in workers.items()}
+        for w, sub in self.subs.items():
+            _bind(sub, self.modules[w])
+        self.fsdp_does_averaging = fsdp_does_averaging
+        self.refresh_sets = refresh_sets(plan) if regime == "backward" else {}
+        self.steps, self.last_drift = 0, 0.0
+        self.everyone = tuple(range(plan.world_size))
+        self.grad_sync: GradSync | None = None
+        if not fsdp_does_averaging and plan.world_size > 1:
+            by_worker = {w: self._pieces_by_set(sub) for w, sub in self.subs.items()}
+            self.grad_sync = GradSync(make_buckets(by_worker, int(bucket_mb * 2**20)), comm, overlap=overlap,
+                                      accumulations=accumulations, divide_by=accumulations)
+
+    def _pieces_by_set(self, sub: Subnet) -> dict[tuple[int, ...], list[Piece]]:
+        """A worker's pieces by holder set, in the canonical order every holder shares (backward visits late
+        components first; shared parameters last)."""
+        by_set: dict[tuple[int, ...], list[Piece]] = {}
+        for c in sorted(sub.pieces, reverse=True):
+            by_set.setdefault(self.plan.holders(c), []).extend(sub.pieces[c])
+        by_set.setdefault(self.everyone, []).extend(reversed(sub.shared))
+        return by_set
+
+    # ------------------------------------------------------------ gradient sync
+    def sync(self) -> None:
+        """Finish holder-set averaging (after backward, before the optimizer step)."""
+        if self.grad_sync is not None:
+            self.grad_sync.finish()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (gradient accumulation); the next synced backward averages."""
+        if self.grad_sync is None:
+            yield
+            return
+        self.grad_sync.enabled = False
+        try:
+            yield
+        finally:
+            self.grad_sync.enabled = True
+
+    # -------------------------------------------------------------- clipping
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip by the norm of the full model's averaged gradient (the same on every worker); returns it."""
+        parts = {}
+        for w, sub in self.subs.items():
+            sq = torch.zeros((), dtype=torch.float64)
+            if self.fsdp_does_averaging:  # sharded: every element on exactly one rank
+                for p in self.modules[w].parameters():
+                    if p.grad is not None:
+                        sq += local(p.grad).double().pow(2).sum()
+            else:
+                for c, pieces in sub.pieces.items():
+                    if self.plan.holders(c)[0] == w:
+                        sq += sum(_sq(p) for p in pieces)
+                if w == 0:
+                    sq += sum(_sq(p) for p in sub.shared)
+            parts[w] = sq.reshape(1)
+        norm = float(self.comm.sum_all(parts).sum().sqrt())
+        if max_norm > 0 and norm > max_norm:
+            scale = max_norm / (norm + 1e-6)
+            for m in self.modules.values():
+                for p in m.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+        return norm
+
+    # ---------------------------------------------------- backward-regime refresh
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Backward regime: broadcast each stale component from its refresh root to its non-holders."""
+        self.steps += 1
+        if self.regime != "backward" or self.plan.world_size == 1 or self.steps % self.refresh_every:
+            return
+        drift = 0.0
+        for c, members in self.refresh_sets.items():  # in plan order on every rank: deadlock-free
+            here = [w for w in self.comm.workers if w in members]
+            if not here:
+                continue
+            flats = {w: torch.cat([v.reshape(-1) for v in self.subs[w].views[c]]) for w in here}
+            before = {w: flats[w].clone() for w in here if not self.plan.mask[w, c]}
+            root = next(w for w in members if self.plan.mask[w, c])
+            self.comm.broadcast(members, flats, root)
+            for w, old in before.items():
+                drift = max(drift, float((flats[w] - old).abs().max())) if old.numel() else drift
+                offset = 0
+                for v in self.subs[w].views[c]:
+                    v.copy_(flats[w][offset:offset + v.numel()].view_as(v))
+                    offset += v.numel()
+        self.last_drift = drift
+
+    # -------------------------------------------------------- replica checks
+    @torch.no_grad()
+    def check_replicas(self) -> None:
+        """Raise, naming the component, unless all holders' copies are bit-identical."""
+        if self.fsdp_does_averaging or self.plan.world_size == 1:  # sharded, not replicated
+            return
+        items = {w: self._items(sub) for w, sub in self.subs.items()}
+        sets = sorted({h for its in items.values() for _, h, _ in its if len(h) > 1})
+        for hs in sets:
+            mine = {w: [(c, pcs) for c, h, pcs in its if h == hs] for w, its in items.items() if w in hs}
+            prints = {w: torch.tensor([_print(pcs) for _, pcs in m], dtype=torch.int64) for w, m in mine.items()}
+            got = self.comm.all_gather(hs, prints)
+            for w, m in mine.items():
+                for j, (c, _) in enumerate(m):
+                    if any(int(g[j]) != int(prints[w][j]) for g in got):
+                        name = "shared parameters" if c < 0 else self.plan.components[c].name
+                        raise RuntimeError(f"SDP replicas of {name} differ across holders {list(hs)}")
+
+    def _items(self, sub: Subnet) -> list[tuple[int, tuple[int, ...], list[Piece]]]:
+        items = [(c, self.plan.holders(c), sub.pieces[c]) for c in sorted(sub.pieces)]
+        return items + [(-1, self.everyone, sub.shared)]
+
+    # --------------------------------------------------------------- gather
+    def local_full_tensors(self, w: int) -> dict[str, torch.Tensor]:
+        """Worker w's unsharded parameters and buffers under full-model names (split tensors rebuilt whole;
+        FSDP2: all-gathered within the worker's shards)."""
+        module = self.modules[w]
+        if self.fsdp_does_averaging:  # blocks sharded over different holder groups: gather in model order
+            params = module.named_parameters()
+            tensors = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in params}
+            return tensors | dict(module.named_buffers())
+        if self.comm.fsdp > 1:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            sd = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+            return dict(sd) | {n: b for n, b in module.named_buffers() if n not in sd}
+        tensors = dict(module.named_parameters()) | dict(module.named_buffers())
+        for name, (mod, attr, dim) in self.subs[w].split.items():  # backward regime: held + frozen parts
+            tensors[name] = torch.cat([getattr(mod, attr + "_held"), getattr(mod, attr + "_frozen")], dim)
+        return tensors
+
+    def gather_full_model(self, skeleton: nn.Module, device: torch.device | str = "cpu",
+                          rescale: str = "none") -> nn.Module:
+        """The full model, each tensor taken from one holder (collective: every rank calls)."""
+        mine = {w: self.local_full_tensors(w) for w in self.subs}
+        full = gather_full_model(mine, skeleton, self.plan, self.subs, self.comm.broadcast_from, torch.device(device))
+        if rescale == "survival":
+            for c, comp in enumerate(self.plan.components):
+                if comp.index is None:
+                    full.get_submodule(comp.name).residual_scale = len(self.plan.holders(c)) / self.plan.world_size
+        return full
+
+
+def _bind(sub: Subnet, module: nn.Module) -> None:
+    """Point the pieces at the module's parameters as they are now (FSDP2 replaces them with DTensors)."""
+    params = dict(module.named_parameters())
+    for p in [q for pieces in sub.pieces.values() for q in pieces] + sub.shared:
+        p.param = params[p.name]
+
+
+def _sq(p: Piece) -> torch.Tensor:
+    if p.param.grad is None:
+        return torch.zeros((), dtype=torch.float64)
+    return p.view(local(p.param.grad)).double().pow(2).sum()
+
+
+def _print(pieces: list[Piece]) -> int:
+    return fingerprint(p.view(local(p.param.detach())) for p in pieces)
