@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from slimpar.config import ConfigError
+from slimpar.hybrid import stage_plans
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.pipeline.split import stage_ranges
-from slimpar.train.strategies.hybrid import stage_plans
 from slimpar.train.validate import load_run_config
 from tests.helpers import TINY
 
