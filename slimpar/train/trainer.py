@@ -11,14 +11,12 @@ import contextlib
 import json
 import time
 
-import torch
 import torch.distributed as dist
 
 from slimpar.config import Config, to_dict
-from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.parallel.comm import StepInstrument, wire_bytes_written
 from slimpar.train import memory
-from slimpar.train.build import build_data, build_model, build_optimizer, loss_fn, lr_at, total_steps
+from slimpar.train.build import build_data, build_model, lr_at, total_steps
 from slimpar.train.checkpoint import (
     checkpoint_layout,
     export_safetensors,
@@ -27,7 +25,6 @@ from slimpar.train.checkpoint import (
     save_checkpoint,
 )
 from slimpar.train.context import RunContext
-from slimpar.train.evaluate import evaluate
 from slimpar.train.guard import StepGuard, check_export
 from slimpar.train.metrics import (
     MetricsWriter,
@@ -38,38 +35,8 @@ from slimpar.train.metrics import (
     versions,
 )
 from slimpar.train.run_files import record_run_files
+from slimpar.train.strategies import build_strategy
 from slimpar.train.tensorboard import TensorBoardSink
-
-
-def build_strategy(cfg: Config, model, ctx: RunContext):
-    """Apply parallelism from outside, in a fixed order: subnetwork → activation checkpointing → wrapper."""
-    from slimpar.train.strategies.base import DDPStrategy, FSDPStrategy, Strategy
-
-    mode = cfg.parallel.mode
-    if mode == "sdp" and cfg.sdp.virtual:  # every worker in this process (slimpar.sdp.virtual)
-        from slimpar.train.strategies.sdp_virtual import build_virtual_sdp_strategy
-
-        return build_virtual_sdp_strategy(cfg, model, ctx)
-    if mode == "sdp":
-        from slimpar.train.strategies.sdp import build_sdp_strategy
-
-        return build_sdp_strategy(cfg, model, ctx)
-    if mode == "pipeline" and cfg.pipeline.dp == "sdp" and not cfg.pipeline.virtual:  # SDP among stage replicas
-        from slimpar.train.strategies.hybrid import HybridPipelineStrategy
-
-        return HybridPipelineStrategy(cfg, model, ctx)
-    if mode == "pipeline":
-        from slimpar.train.strategies.pipeline import build_pipeline_strategy
-
-        return build_pipeline_strategy(cfg, model, ctx)
-    if cfg.train.activation_checkpointing:
-        apply_ac(model_blocks(model))
-    model.to(ctx.device)
-    if mode == "ddp":
-        return DDPStrategy(model, ctx.group)
-    if mode == "fsdp":
-        return FSDPStrategy(model, model_blocks(model))
-    return Strategy(model, ctx.group)
 
 
 class Trainer:
@@ -93,8 +60,7 @@ class Trainer:
             dist.barrier(group=ctx.group)
         model = build_model(cfg, self.data)
         self.strategy = build_strategy(cfg, model, ctx)
-        make_opt = getattr(self.strategy, "build_optimizer", None)  # e.g. SPEL for Stiefel projectors
-        self.optimizer = make_opt(cfg) if make_opt else build_optimizer(self.strategy.named_parameters(), cfg)
+        self.optimizer = self.strategy.build_optimizer(cfg)  # AdamW; pipelines add SPEL for Stiefel projectors
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]  # before a resume overwrites them
         self.total = total_steps(cfg)
         self.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, ctx.rank)
@@ -102,50 +68,20 @@ class Trainer:
         if cfg.checkpoint.resume:  # auto: the newest complete checkpoint, if any (--fresh: none)
             path = latest_checkpoint(ctx.out_dir)
             if path is not None:
-                self.start = load_checkpoint(path, self._checkpoint_module(), self.optimizer, ctx.group,
+                self.start = load_checkpoint(path, self.strategy.checkpoint_module, self.optimizer, ctx.group,
                                              checkpoint_layout(cfg))
         self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
 
     # ------------------------------------------------------------------ step
     def _batch(self, step: int, micro: int):
-        cfg, ctx = self.cfg, self.ctx
-        acc, dp_rank, dp_world = cfg.train.grad_accum, self._dp_rank(), self._dp_world()
+        cfg, ctx, s = self.cfg, self.ctx, self.strategy
+        acc = cfg.train.grad_accum
         if cfg.data.kind == "text":
-            x, y = self.data.train_batch(step, dp_rank * acc + micro, dp_world * acc, cfg.train.batch_size,
+            x, y = self.data.train_batch(step, s.dp_rank * acc + micro, s.dp_world * acc, cfg.train.batch_size,
                                          cfg.data.seq_len)
         else:
-            x, y = self.data.train_batch(step, dp_rank * acc + micro, dp_world * acc, cfg.train.batch_size)
+            x, y = self.data.train_batch(step, s.dp_rank * acc + micro, s.dp_world * acc, cfg.train.batch_size)
         return x.to(ctx.device), y.to(ctx.device)
-
-    def _checkpoint_module(self) -> torch.nn.Module:
-        """The module DCP saves: a strategy may name its tensors per worker (SDP subnetworks)."""
-        return getattr(self.strategy, "checkpoint_module", self.strategy.module)
-
-    def _dp_rank(self) -> int:
-        return getattr(self.strategy, "dp_rank", self.ctx.rank)
-
-    def _dp_world(self) -> int:
-        return getattr(self.strategy, "dp_world", self.ctx.world)
-
-    def _forward_backward(self, step: int, saved: memory.SavedActivations | None) -> float:
-        cfg, s = self.cfg, self.strategy
-        acc = cfg.train.grad_accum
-        total = 0.0
-        for micro in range(acc):
-            x, y = self._batch(step, micro)
-            sync = contextlib.nullcontext() if micro == acc - 1 else s.no_sync()
-            record = saved.record() if saved is not None else contextlib.nullcontext()
-            with sync:  # gradients are only communicated on the last micro-batch
-                with record, self._autocast():
-                    loss = loss_fn(s.module(x), y) / acc
-                loss.backward()
-            total += float(loss.detach())
-        return total
-
-    def _autocast(self):
-        if self.cfg.train.dtype == "bf16":
-            return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     def _step(self, step: int, instrument: StepInstrument | None = None,
               saved: memory.SavedActivations | None = None) -> tuple[float, float]:
@@ -153,11 +89,8 @@ class Trainer:
         for g, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             g["lr"] = base * scale
         self.optimizer.zero_grad(set_to_none=True)
-        if hasattr(self.strategy, "train_step"):  # pipelines run forward and backward in their schedule
-            with saved.record() if saved is not None else contextlib.nullcontext():
-                loss = self.strategy.train_step(step, self._batch)
-        else:
-            loss = self._forward_backward(step, saved)
+        record = saved.record if saved is not None else contextlib.nullcontext
+        loss = self.strategy.train_step(step, self._batch, record)
         self.strategy.after_backward()
         gnorm = self.strategy.clip_grad_norm(self.cfg.train.grad_clip) if self.cfg.train.grad_clip else 0.0
         if self._step_is_finite(step, loss, gnorm, instrument):
@@ -178,8 +111,7 @@ class Trainer:
         stage before the last has no loss of its own (it reports NaN), so only the last stage's counts.
         """
         clipped = bool(self.cfg.train.grad_clip)
-        pp_stage = getattr(self.strategy, "pp_stage", None)
-        if pp_stage is not None and not pp_stage.is_last:
+        if not self.strategy.loss_on_this_rank:
             loss = 0.0
         params = () if clipped else self.strategy.parameters()
         return self.guard.check(step, loss, gnorm if clipped else None, params, instrument)
@@ -237,37 +169,27 @@ class Trainer:
             self.last_step_time = (time.perf_counter() - t0, step == measure_at)
             if step != measure_at:
                 self.step_times.append(self.last_step_time[0])
-            if hasattr(self.strategy, "end_of_step"):
-                self.strategy.end_of_step(step)
+            self.strategy.end_of_step(step)
             self._after_step(step, loss, gnorm, progress)
         progress.close()
         if end < self.total:  # a planned stop: save and leave the rest to --resume
-            save_checkpoint(ctx.out_dir, end, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group,
+            save_checkpoint(ctx.out_dir, end, self.strategy.checkpoint_module, self.optimizer, ctx.rank, ctx.group,
                             cfg.checkpoint.keep_last, checkpoint_layout(cfg))
             return
         self._finish()
-
-    def _mean_over_ranks(self, value: float) -> float:
-        if hasattr(self.strategy, "reduce_loss"):
-            return self.strategy.reduce_loss(value)
-        if self.ctx.group is None:
-            return value
-        t = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(t, group=self.ctx.group)
-        return float(t) / self.ctx.world
 
     def _after_step(self, step: int, loss: float, gnorm: float, progress) -> None:
         cfg, done = self.cfg, step + 1
         last = done == self.total
         if done % cfg.log.every == 0 or last:
-            mean_loss = self._mean_over_ranks(loss)
+            mean_loss = self.strategy.reduce_loss(loss)
             self.losses.append(mean_loss)
             seconds, instrumented = self.last_step_time
             record = {"step": done, "loss": mean_loss, "lr": lr_at(step, cfg, self.total), "grad_norm": gnorm,
                       "step_time_s": seconds, **({"instrumented": True} if instrumented else {})}
             if cfg.eval.every and done % cfg.eval.every == 0 and not last:
                 record.update(self._evaluate())
-            record.update(self.strategy.step_metrics() if hasattr(self.strategy, "step_metrics") else {})
+            record.update(self.strategy.step_metrics())
             self.writer.write(record)
             if self.tensorboard is not None:
                 self.tensorboard.write(record)
@@ -276,20 +198,18 @@ class Trainer:
             progress.update(done, None)
         if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and not last:
             ctx = self.ctx
-            save_checkpoint(ctx.out_dir, done, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group,
+            save_checkpoint(ctx.out_dir, done, self.strategy.checkpoint_module, self.optimizer, ctx.rank, ctx.group,
                             cfg.checkpoint.keep_last, checkpoint_layout(cfg))
 
     def _evaluate(self) -> dict:
-        if hasattr(self.strategy, "evaluate"):
-            return self.strategy.evaluate(self.data, self.cfg)
-        return evaluate(self.strategy, self.data, self.cfg, self.ctx.rank, self.ctx.world, self.ctx.group)
+        return self.strategy.evaluate(self.data, self.cfg)
 
     def _finish(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         results = self._evaluate()
         if cfg.checkpoint.final and self.start < self.total:
-            save_checkpoint(ctx.out_dir, self.total, self._checkpoint_module(), self.optimizer, ctx.rank, ctx.group,
-                            cfg.checkpoint.keep_last, checkpoint_layout(cfg))
+            save_checkpoint(ctx.out_dir, self.total, self.strategy.checkpoint_module, self.optimizer, ctx.rank,
+                            ctx.group, cfg.checkpoint.keep_last, checkpoint_layout(cfg))
         full = self.strategy.full_state_dict() if cfg.checkpoint.export else None
         per_rank = [self.measured] * 1
         if ctx.group is not None:
@@ -309,7 +229,7 @@ class Trainer:
             **(merge_ranks(per_rank) if per_rank and per_rank[0] is not None else {}),
             "step_time_s": st,
             "tokens_per_s": per_step_items / st if st else None,
-            **(self.strategy.summary_extras() if hasattr(self.strategy, "summary_extras") else {}),
+            **self.strategy.summary_extras(),
             "world_size": ctx.world,
             "steps": self.total,
             "skipped_steps": self.guard.skipped,
@@ -328,7 +248,7 @@ class Trainer:
             self.tensorboard.write_summary(summary, self.total)
             self.tensorboard.close()
         if cfg.log.progress:
-            print_summary(summary, getattr(self.strategy, "summary_rows", lambda s: [])(summary))
+            print_summary(summary, self.strategy.summary_rows(summary))
 
 
 class _Progress:

@@ -1,59 +1,140 @@
-"""Data-parallel strategies behind one small interface: single process, torch DDP, FSDP2.
+"""The one interface between the training loop and every parallel mode, and its simple strategies.
 
-The trainer only talks to a :class:`Strategy`: call ``module`` forward, ``backward``, then
-``after_backward()`` and the optimizer; ``eval_module()`` for validation and ``full_state_dict()``
-for export. SDP (slimpar.sdp) implements the same interface.
+The trainer talks only to a :class:`Strategy` and probes nothing: every strategy (single process, DDP,
+FSDP2 here; SDP, virtual SDP, pipelines and the SDP × pipeline hybrid in the sibling modules) has every
+method below, with the default meaning "nothing special". One training step is
+
+    build_optimizer(cfg) (once) · train_step(step, batch_fn, record) · after_backward() · clip_grad_norm()
+    · optimizer step · after_step() · end_of_step(step) · reduce_loss(loss) · step_metrics()
+
+and a run ends with ``evaluate``, ``full_state_dict`` (export), ``summary_extras`` and ``summary_rows``.
+``checkpoint_module`` is what DCP saves; ``dp_rank`` / ``dp_world`` say which share of the global batch
+this process reads.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from slimpar.train.build import build_optimizer, loss_fn
+
+BatchFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, micro-batch) -> (inputs, targets)
+Recorder = Callable[[], contextlib.AbstractContextManager]  # wraps a forward (activation accounting)
+
 
 class Strategy:
-    """Single-process training: communication is a no-op."""
+    """Single-process training: communication is a no-op. The defaults of the interface live here."""
 
     name = "single"
     eval_sharded = True  # each rank may evaluate a different share of the validation batches
+    loss_on_this_rank = True  # False for pipeline stages before the last: they have no loss of their own
 
-    def __init__(self, model: nn.Module, group: dist.ProcessGroup | None = None):
+    def __init__(self, model: nn.Module, group: dist.ProcessGroup | None = None, cfg=None):
         self.model = model
         self.module: nn.Module = model
         self.group = group
+        self.cfg = cfg
+        self.dp_rank = dist.get_rank(group) if group is not None else 0
+        self.dp_world = dist.get_world_size(group) if group is not None else 1
 
+    # -- parameters, optimizer, checkpoints ---------------------------------------------------------
     def parameters(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
 
+    def build_optimizer(self, cfg) -> torch.optim.Optimizer:
+        """AdamW with decay on matrices only (pipelines add SPEL for the Stiefel projectors)."""
+        return build_optimizer(self.named_parameters(), cfg)
+
+    @property
+    def checkpoint_module(self) -> nn.Module:
+        """What DCP saves (SDP: one full copy under the model's own names)."""
+        return self.module
+
+    # -- one step -------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         yield
 
+    def train_step(self, step: int, batch_fn: BatchFn, record: Recorder = contextlib.nullcontext) -> float:
+        """Forward and backward of this rank's share of the global batch, ``train.grad_accum`` micro-batches
+        (gradients communicated on the last only); ``record()`` wraps each forward (activation accounting).
+        Returns this rank's loss."""
+        acc, total = self.cfg.train.grad_accum, 0.0
+        for micro in range(acc):
+            x, y = batch_fn(step, micro)
+            sync = contextlib.nullcontext() if micro == acc - 1 else self.no_sync()
+            with sync:
+                with record(), self.autocast():
+                    loss = loss_fn(self.module(x), y) / acc
+                loss.backward()
+            total += float(loss.detach())
+        return total
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg is not None and self.cfg.train.dtype == "bf16":
+            device = next(self.model.parameters()).device
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def after_backward(self) -> None:
         """Finish gradient communication before the optimizer step."""
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm))
 
     def after_step(self) -> None:
         """Work after the optimizer step (e.g. SDP's backward-masking refresh)."""
 
+    def end_of_step(self, step: int) -> None:
+        """Checks after a whole step (e.g. SDP's replica check every ``sdp.check_every`` steps)."""
+
+    def reduce_loss(self, value: float) -> float:
+        """The mean of every rank's loss (the same on every rank)."""
+        if self.group is None:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, group=self.group)
+        return float(t) / dist.get_world_size(self.group)
+
+    def step_metrics(self) -> dict:
+        """Extra fields of a logged step's metrics line."""
+        return {}
+
+    def extra_metrics(self) -> dict:
+        """Extra fields of the instrumented step's per-rank record."""
+        return {}
+
+    # -- evaluation, export, summary ------------------------------------------------------------------
     def eval_module(self) -> nn.Module:
         return self.model
+
+    def evaluate(self, data, cfg) -> dict:
+        """Validation losses (collective over the group)."""
+        from slimpar.train.evaluate import evaluate
+
+        world = dist.get_world_size(self.group) if self.group is not None else 1
+        rank = dist.get_rank(self.group) if self.group is not None else 0
+        return evaluate(self, data, cfg, rank, world, self.group)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full model's parameters and persistent buffers (every rank calls; rank 0 uses it)."""
         return dict(self.model.state_dict())  # detached views; tied weights stay one tensor
 
-    def clip_grad_norm(self, max_norm: float) -> float:
-        return float(torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm))
-
-    def extra_metrics(self) -> dict:
+    def summary_extras(self) -> dict:
+        """Extra fields of summary.json."""
         return {}
+
+    def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
+        """Extra rows of the closing table."""
+        return []
 
 
 class DDPStrategy(Strategy):
@@ -62,8 +143,8 @@ class DDPStrategy(Strategy):
 
     name = "ddp"
 
-    def __init__(self, model: nn.Module, group: dist.ProcessGroup | None = None):
-        super().__init__(model, group)
+    def __init__(self, model: nn.Module, group: dist.ProcessGroup | None = None, cfg=None):
+        super().__init__(model, group, cfg)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         # Buffers are broadcast from rank 0 each forward only where they carry state (BatchNorm
@@ -81,8 +162,8 @@ class FSDPStrategy(Strategy):
     name = "fsdp"
     eval_sharded = False  # FSDP2's forward all-gathers: every rank must run every batch
 
-    def __init__(self, model: nn.Module, blocks: nn.ModuleDict, mesh=None):
-        super().__init__(model, None)
+    def __init__(self, model: nn.Module, blocks: nn.ModuleDict, mesh=None, group=None, cfg=None):
+        super().__init__(model, group, cfg)
         from torch.distributed.fsdp import fully_shard
 
         for block in blocks.values():
@@ -106,3 +187,17 @@ class FSDPStrategy(Strategy):
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.module, options=opts)
+
+
+def build_plain_strategy(cfg, model: nn.Module, ctx) -> Strategy:
+    """``parallel.mode`` single, ddp or fsdp: activation checkpointing, then torch's wrapper."""
+    from slimpar.parallel.ac import apply_ac, model_blocks
+
+    if cfg.train.activation_checkpointing:
+        apply_ac(model_blocks(model))
+    model.to(ctx.device)
+    if cfg.parallel.mode == "ddp":
+        return DDPStrategy(model, ctx.group, cfg)
+    if cfg.parallel.mode == "fsdp":
+        return FSDPStrategy(model, model_blocks(model), group=ctx.group, cfg=cfg)
+    return Strategy(model, ctx.group, cfg)

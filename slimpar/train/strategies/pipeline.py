@@ -80,7 +80,7 @@ class PipelineStrategy(PipelineStrategyBase):
         self.pp_stage = CodecPipelineStage(stage, (mb, cfg.data.seq_len), model.cfg.vocab_size, ctx.device,
                                            self.groups.pipeline, layout.peers(), self.counter)
         self.schedule = SCHEDULES[cfg.pipeline.schedule](self.pp_stage, n_microbatches=cfg.pipeline.microbatches,
-                                                         loss_fn=loss_fn)
+                                                         loss_fn=loss_fn, scale_grads=self._schedule_scales_grads())
         self.syncs, dtype = [], cfg.pipeline.sync_dtype
         if stage.decoder is not None and stage.decoder.shared_parameters():
             self.syncs.append(SharedParamSync(stage.decoder.shared_parameters(), "receiver", self.pp_stage.prev, dtype))
@@ -96,7 +96,15 @@ class PipelineStrategy(PipelineStrategyBase):
     def stage(self):
         return self.stages[0]
 
-    def train_step(self, step: int, batch_fn) -> float:
+    @property
+    def loss_on_this_rank(self) -> bool:
+        return self.pp_stage.is_last
+
+    def _schedule_scales_grads(self) -> bool:
+        """Whether the schedule divides the accumulated gradients by M itself (the hybrid's sync does)."""
+        return True
+
+    def _schedule_step(self, step: int, batch_fn) -> float:
         self._begin_step()
         batches = _pca_batches(self.cfg, step, batch_fn, self.model_dim)
         if batches:
@@ -213,7 +221,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
         self.pipe = VirtualPipeline(stages, self.counter, loss_fn, cfg.pipeline.sync_dtype)
         self.resyncs = 0
 
-    def train_step(self, step: int, batch_fn) -> float:
+    def _schedule_step(self, step: int, batch_fn) -> float:
         self._begin_step()
         batches = _pca_batches(self.cfg, step, batch_fn, self.model_dim)
         if batches:
@@ -246,10 +254,13 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
         return tie_exported(self.local_state_dict(), self.stages[0].tied)
 
 
+def build_virtual_pipeline_strategy(cfg, model, ctx) -> VirtualPipelineStrategy:
+    """``pipeline.virtual = true``: every stage in this process."""
+    return VirtualPipelineStrategy(cfg, model, ctx)
+
+
 def build_pipeline_strategy(cfg, model, ctx):
-    """The strategy ``parallel.mode = "pipeline"`` asks for (called by slimpar.train.trainer)."""
-    if cfg.pipeline.virtual:
-        return VirtualPipelineStrategy(cfg, model, ctx)
+    """The strategy ``parallel.mode = "pipeline"`` asks for (slimpar.train.strategies.build_strategy)."""
     if ctx.group is None:
         raise RuntimeError("a distributed pipeline needs a process group; use --pipeline.virtual true for one process")
     return PipelineStrategy(cfg, model, ctx)  # SDP among the replicas (pipeline.dp = "sdp"): hybrid.py

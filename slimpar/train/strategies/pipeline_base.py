@@ -1,7 +1,7 @@
 """What the distributed and the virtual pipeline strategies share: optimizer, clipping, metrics, export.
 
-The trainer talks to a pipeline through the same duck-typed strategy interface as to DDP or SDP
-(see slimpar.train.trainer): ``train_step`` runs the schedule, ``clip_grad_norm`` clips by the
+The trainer talks to a pipeline through the same strategy interface as to DDP or SDP
+(:class:`slimpar.train.strategies.base.Strategy`): ``train_step`` runs the schedule, ``clip_grad_norm`` clips by the
 global norm over all stages, ``reduce_loss`` / ``step_metrics`` / ``summary_extras`` report.
 Subclasses provide ``_sum_pipeline`` (sum a float64 tensor over the stages of one pipeline),
 ``_gather`` (every rank's object on rank 0) and the step itself.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -30,16 +29,17 @@ from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.ssn import effective_state_dict
 from slimpar.pipeline.wire import ByteCounter
 from slimpar.train.build import total_steps
+from slimpar.train.strategies.base import Strategy
 
 
-class PipelineStrategyBase:
+class PipelineStrategyBase(Strategy):
     name = "pipeline"
     eval_sharded = False
 
     def __init__(self, cfg, stages: list[StageModule], replica: int, replicas: int):
-        self.cfg, self.stages = cfg, stages
-        self.model: nn.Module = stages[0] if len(stages) == 1 else nn.ModuleDict({f"stage{s.stage}": s for s in stages})
-        self.module = self.model
+        model = stages[0] if len(stages) == 1 else nn.ModuleDict({f"stage{s.stage}": s for s in stages})
+        super().__init__(model, None, cfg)
+        self.stages = stages
         self.dp_rank, self.dp_world = replica, replicas
         self.counter = ByteCounter()
         self.optimizer: SPELAdamW | None = None
@@ -50,11 +50,13 @@ class PipelineStrategyBase:
         self._summary: dict = {}
 
     # -- parameters and optimizer -----------------------------------------------------------------
-    def parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
+    def train_step(self, step: int, batch_fn, record=contextlib.nullcontext) -> float:
+        """The schedule runs forward and backward of every micro-batch (``record`` wraps it all)."""
+        with record():
+            return self._schedule_step(step, batch_fn)
 
-    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+    def _schedule_step(self, step: int, batch_fn) -> float:
+        raise NotImplementedError
 
     def build_optimizer(self, cfg) -> SPELAdamW:
         """SPEL on every Stiefel projector copy, AdamW (decay on matrices only) on everything else."""
@@ -69,10 +71,6 @@ class PipelineStrategyBase:
         self.optimizer = SPELAdamW([g for g in groups if g["params"]], lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8,
                                    weight_decay=t.weight_decay)
         return self.optimizer
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        yield
 
     # -- how A is stepped -------------------------------------------------------------------------
     def start_step(self, step: int) -> None:

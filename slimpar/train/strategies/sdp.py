@@ -10,7 +10,6 @@ from torch import nn
 from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.sdp.components import model_components
 from slimpar.sdp.plan import Plan, load_mask_file, plan_components
-from slimpar.train.context import bound_timeout
 from slimpar.train.strategies.base import Strategy
 
 if TYPE_CHECKING:
@@ -97,46 +96,42 @@ class SDPStrategy(Strategy):
     eval_sharded = True
 
     def __init__(self, cfg: Config, model: nn.Module, ctx):
-        from slimpar.sdp.wrapper import SubnetworkDataParallel
-
-        super().__init__(model, ctx.group)
-        self.cfg, self.ctx = cfg, ctx
-        f = cfg.sdp.fsdp
-        self.plan = plan_from_config(cfg, model, ctx.world // f)
-        mesh = None
-        if f > 1:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            mesh2d = init_device_mesh(ctx.device.type, (ctx.world // f, f), mesh_dim_names=("sdp", "fsdp"))
-            bound_timeout(mesh2d, ctx.timeout)
-            mesh = mesh2d["fsdp"]
-
-        def parallelize(m: nn.Module) -> None:
-            """Fixed order: subnetwork (done) -> activation checkpointing -> FSDP2 per block, then root."""
-            if cfg.train.activation_checkpointing:
-                apply_ac(model_blocks(m))
-            m.to(ctx.device)
-            if cfg.sdp.holder_shard:
-                from slimpar.sdp.holder_fsdp import shard_over_holders
-
-                shard_over_holders(m, self.plan, ctx.rank, ctx.device, ctx.timeout)
-            if mesh is not None:
-                from torch.distributed.fsdp import fully_shard
-
-                for block in model_blocks(m).values():
-                    fully_shard(block, mesh=mesh)
-                fully_shard(m, mesh=mesh)
-
-        if cfg.sdp.regime == "backward":
-            # the backward regime keeps views into the full model's tensors for its refresh; moving the model
-            # after they are taken (in parallelize) would leave them pointing at the CPU copies on a GPU
-            model.to(ctx.device)
-        self.wrapper = SubnetworkDataParallel(model, self.plan, regime=cfg.sdp.regime, group=ctx.group,
-                                              refresh_every=cfg.sdp.refresh_every, fsdp=f, parallelize=parallelize,
-                                              fsdp_does_averaging=cfg.sdp.holder_shard, timeout=ctx.timeout)
+        super().__init__(model, ctx.group, cfg)
+        self.ctx = ctx
+        self.plan = plan_from_config(cfg, model, self._workers())
+        self.wrapper = self._wrap(model)
         self.module = self.wrapper
         self._full: nn.Module | None = None
         self._data = None  # the run's data, for BatchNorm recalibration at evaluation
+
+    def _workers(self) -> int:
+        return self.ctx.world // self.cfg.sdp.fsdp
+
+    def _wrap(self, model: nn.Module):
+        """Fixed order, applied from outside: subnetwork -> activation checkpointing -> FSDP2 -> holder sync."""
+        from slimpar.sdp.apply import apply_subnet
+        from slimpar.sdp.gather import meta_skeleton
+        from slimpar.sdp.wrapper import SubnetworkDataParallel
+
+        cfg, ctx, f = self.cfg, self.ctx, self.cfg.sdp.fsdp
+        if cfg.sdp.regime == "backward":
+            # the backward regime keeps views into the full model's tensors for its refresh; moving the model
+            # after they are taken would leave them pointing at the CPU copies on a GPU
+            model.to(ctx.device)
+        skeleton = meta_skeleton(model)
+        sub = apply_subnet(model, self.plan, ctx.rank // f, regime=cfg.sdp.regime)
+        if cfg.train.activation_checkpointing:
+            apply_ac(model_blocks(model))
+        model.to(ctx.device)
+        if cfg.sdp.holder_shard:
+            from slimpar.sdp.holder_fsdp import shard_over_holders
+
+            shard_over_holders(model, self.plan, ctx.rank, ctx.device, ctx.timeout, ctx.group)
+        if f > 1:
+            _shard_within_workers(model, ctx, f)
+        return SubnetworkDataParallel(model, self.plan, regime=cfg.sdp.regime, group=ctx.group,
+                                      refresh_every=cfg.sdp.refresh_every, subnet=sub, skeleton=skeleton, fsdp=f,
+                                      fsdp_does_averaging=cfg.sdp.holder_shard, timeout=ctx.timeout)
 
     @property
     def checkpoint_module(self):
@@ -284,6 +279,21 @@ def refresh_root_bytes(cfg: Config, plan: Plan, worker: int) -> int:
     from slimpar.sdp.roots import refresh_roots
 
     return sum(plan.components[c].elements * 4 for c, root in refresh_roots(plan).items() if root == worker)
+
+
+def _shard_within_workers(model: nn.Module, ctx, f: int) -> None:
+    """``sdp.fsdp`` = F: FSDP2 over each SDP worker's F ranks (per block, then the root)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from slimpar.parallel.groups import GroupFactory
+
+    ranks = [tuple(range(w * f, (w + 1) * f)) for w in range(ctx.world // f)]
+    mine = GroupFactory(ctx.group, ctx.timeout).create(ranks)[ranks[ctx.rank // f]]
+    mesh = DeviceMesh.from_group(mine, ctx.device.type)
+    for block in model_blocks(model).values():
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def build_sdp_strategy(cfg: Config, model: nn.Module, ctx) -> SDPStrategy:

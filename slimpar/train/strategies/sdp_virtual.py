@@ -19,38 +19,40 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
 from torch import nn
 
 from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.sdp.plan import analytic_bytes_per_step
 from slimpar.sdp.virtual import VirtualSDP
 from slimpar.train.build import loss_fn
-from slimpar.train.strategies.sdp import SDPStrategy, plan_from_config, refresh_root_bytes
+from slimpar.train.strategies.sdp import SDPStrategy, refresh_root_bytes
 
 
 class VirtualSDPStrategy(SDPStrategy):
     name = "sdp"
     eval_sharded = True
 
-    def __init__(self, cfg, model: nn.Module, ctx):  # not SDPStrategy.__init__: it builds the distributed wrapper
-        self.cfg, self.ctx, self.group = cfg, ctx, None
-        n = cfg.sdp.virtual_workers
-        self.plan = plan_from_config(cfg, model, n)
+    def __init__(self, cfg, model: nn.Module, ctx):
+        super().__init__(cfg, model, ctx)  # the plan over sdp.virtual_workers, then _wrap
+        # parameter names as in the real run's per-worker checkpoints: worker{w}.module.<name>
+        self.model = nn.ModuleDict({f"worker{w}": nn.ModuleDict({"module": m})
+                                    for w, m in enumerate(self.wrapper.modules)})
+        self.module = self.model
+        self.group = None  # one process: nothing to reduce
+        self.dp_rank, self.dp_world = 0, self.plan.world_size
+
+    def _workers(self) -> int:
+        return self.cfg.sdp.virtual_workers
+
+    def _wrap(self, model: nn.Module) -> VirtualSDP:
+        cfg = self.cfg
 
         def parallelize(m: nn.Module) -> None:
             if cfg.train.activation_checkpointing:
                 apply_ac(model_blocks(m))
 
-        self.wrapper = VirtualSDP(model, self.plan, regime=cfg.sdp.regime, refresh_every=cfg.sdp.refresh_every,
-                                  device=ctx.device, parallelize=parallelize)
-        # parameter names as in the real run's per-worker checkpoints: worker{w}.module.<name>
-        self.model = nn.ModuleDict({f"worker{w}": nn.ModuleDict({"module": m})
-                                    for w, m in enumerate(self.wrapper.modules)})
-        self.module = self.model
-        self.dp_rank, self.dp_world = 0, n
-        self._full: nn.Module | None = None
-        self._data = None
+        return VirtualSDP(model, self.plan, regime=cfg.sdp.regime, refresh_every=cfg.sdp.refresh_every,
+                          device=self.ctx.device, parallelize=parallelize)
 
     @property
     def checkpoint_module(self) -> nn.Module:
@@ -59,7 +61,7 @@ class VirtualSDPStrategy(SDPStrategy):
     def no_sync(self):
         return contextlib.nullcontext()
 
-    def train_step(self, step: int, batch_fn) -> float:
+    def train_step(self, step: int, batch_fn, record=contextlib.nullcontext) -> float:
         """Every worker's forward and backward on its own batch (then the trainer calls ``after_backward``)."""
         acc = self.cfg.train.grad_accum
         totals = []
@@ -68,18 +70,13 @@ class VirtualSDPStrategy(SDPStrategy):
             total = 0.0
             for micro in range(acc):
                 x, y = batch_fn(step, micro)
-                with self._autocast():
+                with record(), self.autocast():
                     loss = loss_fn(m(x), y) / acc
                 loss.backward()
                 total += float(loss.detach())
             totals.append(total)
         self.dp_rank = 0
         return sum(totals) / len(totals)
-
-    def _autocast(self):
-        if self.cfg.train.dtype == "bf16":
-            return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     def extra_metrics(self) -> dict:
         """The plan's analytic bytes (nothing is sent in one process), as the real run would count them."""
