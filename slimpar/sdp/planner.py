@@ -116,12 +116,11 @@ def _slices_convs(model: nn.Module, comps: list[Component]) -> bool:
     return any(isinstance(m, nn.Conv2d) for layer in _layers(comps) for m in model.get_submodule(layer).modules())
 
 
-def _check_every_layer_held(comps: list[Component], mask: np.ndarray | None, n: int) -> None:
+def _check_every_layer_held(comps: list[Component], mask: np.ndarray, n: int) -> None:
     """A convolution with no channels cannot run: every worker must hold a group of every block."""
-    if mask is None:
-        return
+    mask = np.asarray(mask)
     for layer, cols in _layers(comps).items():
         for w in range(n):
-            if not np.asarray(mask)[w, cols].any():
+            if not mask[w, cols].any():
                 raise PlanError(f"worker {w} holds no channel group of {layer}; at channel level every worker "
                                 "must hold at least one group of every block (a conv with 0 channels cannot run)")
