@@ -23,7 +23,7 @@ from slimpar.bench.report import markdown_table, metadata, write_json
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.comm import StepInstrument
 from slimpar.sdp.apply import apply_subnet
-from slimpar.sdp.plan import plan_blocks, plan_neurons
+from slimpar.sdp.planner import plan_blocks, plan_neurons
 from slimpar.train import memory
 
 ROWS = {"DDP (full model)": None, "B-SDP 0.69": ("block", 0.69, "forward"), "B-SDP 0.5": ("block", 0.5, "forward"),

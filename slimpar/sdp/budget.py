@@ -43,11 +43,34 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from torch import nn
 
 from slimpar.sdp.components import Component, PlanError
 
-__all__ = ["parse_size", "parse_budgets", "llama_activation_bytes", "predict_peak", "keep_for_budgets",
-           "plan_peaks", "check_budgets"]
+__all__ = ["MemoryPrediction", "parse_size", "parse_budgets", "llama_activation_bytes", "model_activation_bytes",
+           "predict_peak", "keep_for_budgets", "plan_peaks", "check_budgets", "predict_memory"]
+
+
+@dataclass
+class MemoryPrediction:
+    """What a memory-budget plan promises each worker (``Plan.memory``): the inputs of the activation
+    model and the predicted peak per worker, from the components it really holds. ``slimpar plan
+    --json`` ("memory_budget") and summary.json ("sdp_memory") report ``as_dict()``."""
+
+    budgets: list[int]  # bytes, one per worker
+    tokens_per_worker: int  # tokens of one worker's micro-batch
+    activation_bytes_per_block: int  # a_c, the same for every block
+    fixed_bytes: int  # activations outside the blocks, buffers, loss transients
+    state_factor: int  # bytes of state per parameter byte (4: fp32 AdamW)
+    predicted_static_bytes: list[int]  # params + grads + optimizer, per worker
+    predicted_activation_bytes: list[int]  # activations of the held blocks, per worker
+    predicted_peak_mem_bytes: list[int]  # static + activations + fixed, per worker
+
+    def as_dict(self) -> dict:
+        """JSON-ready, with the keys in field order (those of summary.json and ``slimpar plan --json``)."""
+        return asdict(self)
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -101,6 +124,19 @@ def llama_activation_bytes(tokens: int, dim: int, ffn_dim: int, n_heads: int, vo
     per_block = 4 * tokens * (10 * dim + 4 * ffn_dim + n_heads + 2)
     fixed = 4 * tokens * (3 * dim + 1 + vocab_size) + 16 * tokens + 8 + buffer_bytes + 8 * tokens * vocab_size
     return per_block, fixed
+
+
+def model_activation_bytes(model: nn.Module, tokens: int) -> tuple[int, int]:
+    """``llama_activation_bytes`` for slimpar's LLaMA ``model`` (its ``cfg`` gives d, f, H and V; its
+    buffers, the RoPE tables, count once); PlanError for any other model, which the analytic model
+    does not describe."""
+    m = getattr(model, "cfg", None)
+    if not all(hasattr(m, k) for k in ("dim", "ffn_dim", "n_heads", "vocab_size")):
+        raise PlanError(f"memory budgets predict activations of slimpar's LLaMA only (a model with cfg.dim, "
+                        f"cfg.ffn_dim, cfg.n_heads, cfg.vocab_size); {type(model).__name__} is not one: give "
+                        "the keeps yourself")
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return llama_activation_bytes(tokens, m.dim, m.ffn_dim, m.n_heads, m.vocab_size, buffers)
 
 
 def _per_component(value: int | Sequence[int], k: int) -> list[int]:
@@ -178,3 +214,14 @@ def check_budgets(peaks: Sequence[dict], budgets: Sequence[int]) -> None:
         what = "; ".join(f"worker {i}: {fmt_bytes(p)} > {fmt_bytes(b)}" for i, p, b in over)
         raise PlanError(f"the plan exceeds memory budgets ({what}); use --sdp.assignment cyclic, which holds "
                         "exactly C_i K equal blocks, or raise those budgets")
+
+
+def predict_memory(plan, budgets: Sequence[int], tokens_per_worker: int, activation_bytes_per_block: int,
+                   fixed_bytes: int, state_factor: int = 4) -> MemoryPrediction:
+    """Every worker's predicted memory under ``plan`` (a ``Plan``), checked against its budget
+    (``check_budgets``: a placement may give a worker more than its m_i components)."""
+    peaks = plan_peaks(plan, activation_bytes_per_block, fixed_bytes, state_factor)
+    check_budgets(peaks, budgets)
+    return MemoryPrediction(list(budgets), tokens_per_worker, activation_bytes_per_block, fixed_bytes, state_factor,
+                            [p["static"] for p in peaks], [p["activations"] for p in peaks],
+                            [p["peak"] for p in peaks])

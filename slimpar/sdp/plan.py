@@ -46,10 +46,10 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-from torch import nn
 
 from slimpar.sdp.assign import bundles, connect_by_adding, connect_by_swaps, cyclic_mask, random_mask
-from slimpar.sdp.components import Component, PlanError, model_components
+from slimpar.sdp.budget import MemoryPrediction
+from slimpar.sdp.components import Component, PlanError
 from slimpar.sdp.graph import (
     averaging_operator,
     mask_connected,
@@ -57,8 +57,18 @@ from slimpar.sdp.graph import (
     spectral_gap,
 )
 
-__all__ = ["Plan", "PlanError", "plan_components", "plan_blocks", "plan_neurons", "load_mask_file",
-           "analytic_bytes_per_step", "averaging_operator", "spectral_gap", "mask_connected", "masking_error"]
+__all__ = ["Plan", "PlanError", "plan_components", "load_mask_file", "analytic_bytes_per_step",
+           "averaging_operator", "spectral_gap", "mask_connected", "masking_error"]
+
+
+def __getattr__(name: str):
+    """``plan_blocks`` / ``plan_neurons`` plan from a model and live in ``slimpar.sdp.planner`` (which
+    builds on this module); imports from here keep working."""
+    if name in ("plan_blocks", "plan_neurons", "plan_model"):
+        from slimpar.sdp import planner
+
+        return getattr(planner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(eq=False)
@@ -75,6 +85,7 @@ class Plan:
     shared_numel: int | None = None  # None: shared_bytes // 4 (fp32 assumed)
     min_holders: int = 1
     balance: str = "bytes"
+    memory: MemoryPrediction | None = None  # planned from memory budgets: each worker's predicted peak
 
     def __post_init__(self) -> None:
         if self.mask.shape != (self.world_size, len(self.components)):
@@ -285,29 +296,6 @@ def plan_components(components: list[Component], shared_bytes: int, world_size: 
             raise PlanError(f"unknown assignment {assignment!r}; choose cyclic, random or explicit")
     return Plan(list(components), m, int(shared_bytes), seed, assignment, world_size,
                 tuple(shared_params), shared_numel, min_holders, balance)
-
-
-def _plan_model(model: nn.Module, level: str, groups: int, world_size: int, keep, kw: dict) -> Plan:
-    extract_kw = {k: kw.pop(k) for k in ("input_shape", "blocks") if k in kw}
-    comps, shared, shared_bytes = model_components(model, level, groups, **extract_kw)
-    numel = sum(p.numel() for n, p in model.named_parameters() if n in shared)
-    return plan_components(comps, shared_bytes, world_size, keep, shared_params=shared, shared_numel=numel, **kw)
-
-
-def plan_blocks(model: nn.Module, world_size: int, keep: float | Sequence[float] | None,
-                assignment: str = "cyclic", seed: int = 0, min_holders: int = 1, **kw) -> Plan:
-    """B-SDP plan: one component per maskable block (``model.layers``, ``model.blocks``, a HF causal LM's
-    ``model.model.layers``, or any ``nn.ModuleList``/``ModuleDict`` named by ``blocks="path.to.blocks"``)."""
-    kw.update(assignment=assignment, seed=seed, min_holders=min_holders)
-    return _plan_model(model, "block", 1, world_size, keep, kw)
-
-
-def plan_neurons(model: nn.Module, world_size: int, keep: float | Sequence[float] | None, groups: int = 4,
-                 assignment: str = "cyclic", seed: int = 0, min_holders: int = 1, **kw) -> Plan:
-    """N-SDP plan: ``groups`` hidden-unit groups per SwiGLU FFN (slimpar's LLaMA; HF LLaMA, Mistral and Qwen2's
-    gate/up/down projections, with ``blocks="model.layers"``) or inner-channel groups (ResNet)."""
-    kw.update(assignment=assignment, seed=seed, min_holders=min_holders)
-    return _plan_model(model, "neuron", groups, world_size, keep, kw)
 
 
 def analytic_bytes_per_step(plan: Plan, rank: int, elem_bytes: int | None = 4) -> dict:

@@ -20,9 +20,9 @@ def plan_command(args: argparse.Namespace, rest: list[str]) -> int:
     report = plan.report()
     report["analytic_bytes_per_step"] = [analytic_bytes_per_step(plan, r)["total"] for r in range(workers)]
     report["ddp_bytes_per_step"] = analytic_bytes_per_step(plan, 0)["ddp"]
-    memory = getattr(plan, "memory_prediction", None)  # --sdp.memory_budget (slimpar.sdp.budget)
+    memory = plan.memory  # --sdp.memory_budget (slimpar.sdp.budget)
     if memory is not None:
-        report["memory_budget"] = memory
+        report["memory_budget"] = memory.as_dict()
     if args.json:
         print(json.dumps(report))
     else:
@@ -30,11 +30,11 @@ def plan_command(args: argparse.Namespace, rest: list[str]) -> int:
         per_worker = ", ".join(f"{b:,}" for b in report["analytic_bytes_per_step"])
         print(f"bytes per step per worker (gradient all-reduces): {per_worker} (DDP: {report['ddp_bytes_per_step']:,})")
         if memory is not None:
-            print(f"memory budgets ({memory['tokens_per_worker']} tokens per worker; activations "
-                  f"{fmt_bytes(memory['activation_bytes_per_block'])} per block, "
-                  f"fixed {fmt_bytes(memory['fixed_bytes'])})")
-            rows = zip(plan.keep_per_worker, memory["budgets"], memory["predicted_static_bytes"],
-                       memory["predicted_peak_mem_bytes"], strict=True)
+            print(f"memory budgets ({memory.tokens_per_worker} tokens per worker; activations "
+                  f"{fmt_bytes(memory.activation_bytes_per_block)} per block, "
+                  f"fixed {fmt_bytes(memory.fixed_bytes)})")
+            rows = zip(plan.keep_per_worker, memory.budgets, memory.predicted_static_bytes,
+                       memory.predicted_peak_mem_bytes, strict=True)
             for r, (c, b, static, peak) in enumerate(rows):
                 print(f"  worker {r}: keep {c:.3g}, predicted peak {fmt_bytes(peak)} (params+grads+optimizer "
                       f"{fmt_bytes(static)}) of budget {fmt_bytes(b)}")

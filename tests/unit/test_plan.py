@@ -17,11 +17,10 @@ from slimpar.sdp.plan import (
     averaging_operator,
     load_mask_file,
     masking_error,
-    plan_blocks,
     plan_components,
-    plan_neurons,
     spectral_gap,
 )
+from slimpar.sdp.planner import plan_blocks, plan_neurons
 
 
 def _comps(sizes: list[int]) -> list[Component]:

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from slimpar.parallel.ac import apply_ac, model_blocks
-from slimpar.sdp.components import model_components
-from slimpar.sdp.plan import Plan, load_mask_file, plan_components
+from slimpar.sdp.plan import Plan, load_mask_file
+from slimpar.sdp.planner import plan_model
 from slimpar.train.strategies.base import Strategy
 
 if TYPE_CHECKING:
@@ -17,78 +17,17 @@ if TYPE_CHECKING:
 
 
 def plan_from_config(cfg: Config, model: nn.Module, workers: int | None = None) -> Plan:
-    """The run's plan: pure in (seed, workers, model structure), so every rank computes the same."""
-    s = cfg.sdp
+    """The run's plan: ``slimpar.sdp.planner.plan_model`` with the [sdp] settings, the run's seed and, for
+    memory budgets, the tokens of one worker's micro-batch (the batch split is the trainer's rule). Pure in
+    (seed, workers, model structure), so every rank computes the same."""
+    s, t = cfg.sdp, cfg.train
     n = workers or (cfg.parallel.workers // max(s.fsdp, 1))
-    kw = {}
-    if cfg.model.arch != "llama":
-        kw["input_shape"] = (1, cfg.model.in_channels, 32, 32)
-    groups = s.groups or 4
-    comps, shared, shared_bytes = model_components(model, s.level, groups, **kw)
-    params = dict(model.named_parameters())
-    keep = s.keep_per_worker or s.keep
-    memory = None
-    if s.memory_budget:  # C_i from each worker's budget; the analytic LLaMA activation model (slimpar.sdp.budget)
-        from slimpar.sdp import budget
-
-        budgets = budget.parse_budgets(s.memory_budget, n)
-        m, t = model.cfg, cfg.train
-        tokens = -(-t.batch_size // (n * t.grad_accum)) * cfg.data.seq_len  # per worker and micro-batch
-        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-        per_block, fixed = budget.llama_activation_bytes(tokens, m.dim, m.ffn_dim, m.n_heads, m.vocab_size, buffers)
-        keep = budget.keep_for_budgets(comps, shared_bytes, budgets, per_block, fixed, s.min_holders)
-        memory = {"budgets": budgets, "tokens_per_worker": tokens, "activation_bytes_per_block": per_block,
-                  "fixed_bytes": fixed, "state_factor": 4}
-    mask = load_mask_file(s.mask_file) if s.assignment == "explicit" else None
-    assignment = s.assignment
-    if s.level == "neuron" and mask is None:
-        mask, assignment = _per_layer_mask(comps, n, keep, s, cfg.train.seed), "explicit"
-    if s.level == "neuron" and cfg.model.arch != "llama":
-        _check_every_layer_held(comps, mask, n, keep)
-    plan = plan_components(comps, shared_bytes, n, keep, min_holders=s.min_holders, assignment=assignment,
-                           seed=cfg.train.seed, mask=mask, shared_params=shared,
-                           shared_numel=sum(params[k].numel() for k in shared))
-    if assignment != s.assignment:
-        plan.assignment = f"{s.assignment} per layer"
-    if memory is not None:  # what each worker really holds, checked against its budget; summary.json reports it
-        peaks = budget.plan_peaks(plan, memory["activation_bytes_per_block"], memory["fixed_bytes"])
-        budget.check_budgets(peaks, memory["budgets"])
-        plan.memory_prediction = {**memory, "predicted_static_bytes": [p["static"] for p in peaks],
-                                  "predicted_activation_bytes": [p["activations"] for p in peaks],
-                                  "predicted_peak_mem_bytes": [p["peak"] for p in peaks]}
-    return plan
-
-
-def _check_every_layer_held(comps, mask, n: int, keep) -> None:
-    """A convolution with no channels cannot run: every worker must hold a group of every block."""
-    from slimpar.sdp.plan import PlanError
-
-    if mask is None:
-        return
-    layers: dict[str, list[int]] = {}
-    for c, comp in enumerate(comps):
-        layers.setdefault(comp.layer, []).append(c)
-    for layer, cols in layers.items():
-        for w in range(n):
-            if not mask[w, cols].any():
-                raise PlanError(f"worker {w} holds no channel group of {layer}; at channel level every worker "
-                                "must hold at least one group of every block (a conv with 0 channels cannot run)")
-
-
-def _per_layer_mask(comps, n: int, keep, s, seed: int):
-    """Neuron level: every worker keeps a fraction C of *each* layer's units (cyclic or random within
-    the layer), instead of whole layers as one global cyclic run over all groups would give."""
-    import numpy as np
-
-    layers: dict[str, list[int]] = {}
-    for c, comp in enumerate(comps):
-        layers.setdefault(comp.layer, []).append(c)
-    mask = np.zeros((n, len(comps)), dtype=np.uint8)
-    for i, cols in enumerate(layers.values()):
-        sub = plan_components([comps[c] for c in cols], 0, n, keep, min_holders=s.min_holders,
-                              assignment=s.assignment, seed=seed * 1009 + i)
-        mask[:, cols] = sub.mask
-    return mask
+    return plan_model(model, n, s.keep_per_worker or s.keep, level=s.level, groups=s.groups or 4,
+                      assignment=s.assignment, seed=t.seed, min_holders=s.min_holders,
+                      mask=load_mask_file(s.mask_file) if s.assignment == "explicit" else None,
+                      input_shape=None if cfg.model.arch == "llama" else (1, cfg.model.in_channels, 32, 32),
+                      memory_budget=s.memory_budget or None,
+                      tokens_per_worker=-(-t.batch_size // (n * t.grad_accum)) * cfg.data.seq_len)
 
 
 class SDPStrategy(Strategy):
@@ -212,11 +151,10 @@ class SDPStrategy(Strategy):
                             "holders_per_component": p.holders_per_component, "connected": p.connected,
                             "spectral_gap": p.spectral_gap, "masking_error": p.masking_error,
                             "bytes_per_worker": p.bytes_per_worker}}
-        memory = getattr(p, "memory_prediction", None)
-        if memory is None:
+        if p.memory is None:
             return out
         # sdp.memory_budget: worker i's prediction sits next to per_rank[i]["mem"] (rank i is worker i: fsdp = 1)
-        out["sdp_memory"] = {**memory, "model": "peak = 4 (shared + held param bytes) + held blocks x "
+        out["sdp_memory"] = {**p.memory.as_dict(), "model": "peak = 4 (shared + held param bytes) + held blocks x "
                                                  "activation_bytes_per_block + fixed_bytes (slimpar.sdp.budget)"}
         return out
 
@@ -238,10 +176,10 @@ class SDPStrategy(Strategy):
             ("gradient bytes / step / worker: SDP plan floor", fmt_bytes(a["total"])),
             ("gradient bytes / step / worker: DDP (from the plan)", fmt_bytes(a["ddp"])),
         ]
-        memory, per_rank = getattr(self.plan, "memory_prediction", None), summary.get("per_rank") or []
+        memory, per_rank = self.plan.memory, summary.get("per_rank") or []
         if memory is not None:  # sdp.memory_budget: each worker's keep, budget, predicted and measured peak
-            for i, (c, b, pred) in enumerate(zip(self.plan.keep_per_worker, memory["budgets"],
-                                                 memory["predicted_peak_mem_bytes"], strict=True)):
+            for i, (c, b, pred) in enumerate(zip(self.plan.keep_per_worker, memory.budgets,
+                                                 memory.predicted_peak_mem_bytes, strict=True)):
                 measured = per_rank[i]["mem"].get("peak_live") if i < len(per_rank) else None
                 rows.append((f"worker {i}: keep {c:.3g}, budget {fmt_bytes(b)}",
                              f"peak {fmt_bytes(pred)} predicted, {fmt_bytes(measured)} measured"))
