@@ -2,8 +2,9 @@
 
 A ``CodecSpec`` fixes a boundary's codec, widths, anchors, RVQ settings and seed. Sender and receiver
 build their halves from the same spec, so every seed-derived quantity (A's start, the anchor basis P,
-SSN's U and token table) is identical on both ranks without a message. ``StageContext`` carries the
-token ids of the microbatch a stage is processing, which anchors and SSN need on both sides.
+SSN's U and token table) is identical on both ranks without a message. What the codec name means is
+``CodecSpec.codec`` (codec_kinds.py). ``StageContext`` carries the token ids of the microbatch a stage
+is processing, which anchors and SSN need on both sides.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import torch
 from torch import Tensor
 
 from slimpar.codecs.packing import UINT16_LIMIT
+from slimpar.pipeline.codec_kinds import CODEC_KINDS, CodecKind, codec_kind
 
-CODECS = ("none", "bf16", "int8", "mapl", "ssn", "naive")
-PROJECTOR_CODECS = ("mapl", "ssn", "naive")  # codecs that map d -> r numbers per token
+CODECS = tuple(CODEC_KINDS)
+PROJECTOR_CODECS = tuple(k for k, c in CODEC_KINDS.items() if c.projects)  # codecs that map d -> r numbers per token
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,17 @@ class CodecSpec:
     rvq: RVQSpec | None = None  # residual VQ of the codes (projector codecs only)
     microbatches: int = 1  # microbatches per step: paces the full codebook pushes
 
+    def __post_init__(self) -> None:
+        codec_kind(self.kind)  # an unknown name fails here, not as a silent uncompressed boundary
+
+    @property
+    def codec(self) -> CodecKind:
+        """What ``kind`` means: projector, wire cast and traits (codec_kinds.py)."""
+        return CODEC_KINDS[self.kind]
+
     @property
     def projected(self) -> bool:
-        return self.kind in PROJECTOR_CODECS
+        return self.codec.projects
 
     @property
     def width(self) -> int:
@@ -57,7 +67,7 @@ class CodecSpec:
     @property
     def needs_ids(self) -> bool:
         """Both ends look token ids up: anchors and SSN's fixed table."""
-        return self.anchors != "none" or self.kind == "ssn"
+        return self.anchors != "none" or self.codec.token_table
 
     @property
     def sends_ids(self) -> bool:
@@ -86,19 +96,21 @@ class CodecSpec:
 
 def resolve_rank(codec: str, d: int, rank: int, compression: int) -> int:
     """r for a projector codec: ``rank`` when set, else d / compression; d for the other codecs."""
-    if codec not in PROJECTOR_CODECS:
+    if not codec_kind(codec).projects:
         return d
     return rank if rank else d // max(compression, 1)
 
 
 def resolve_projector_init(pc, d: int) -> str:
-    """``pipeline.projector_init`` with ``auto`` resolved: ``pca`` for MAPL with r < d, else ``random``.
+    """``pipeline.projector_init`` with ``auto`` resolved: ``pca`` for a Stiefel projector (MAPL) with r < d, else
+    ``random``.
 
     PCA is the default because it won in ``slimpar bench quality`` (MAPL 4x, d = 128, 2,000 steps, 3 seeds;
     docs/results/quality); at r = d the random start is the identity, so a full-rank codec stays exact."""
     if pc.projector_init != "auto":
         return pc.projector_init
-    return "pca" if pc.codec == "mapl" and resolve_rank(pc.codec, d, pc.rank, pc.compression) < d else "random"
+    r = resolve_rank(pc.codec, d, pc.rank, pc.compression)
+    return "pca" if codec_kind(pc.codec).stiefel and r < d else "random"
 
 
 def codec_specs(cfg, d: int, vocab: int) -> list[CodecSpec]:

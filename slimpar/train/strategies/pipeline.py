@@ -46,7 +46,7 @@ def _stages_of(cfg, model, which: list[int]) -> list:
     from slimpar.parallel.ac import apply_ac
 
     specs = codec_specs(cfg, model.cfg.dim, model.cfg.vocab_size)
-    ssn_rank = specs[0].rank if cfg.pipeline.codec == "ssn" else 0
+    ssn_rank = specs[0].rank if specs and specs[0].codec.token_table else 0  # SSN reparametrises the whole model
     stages = build_stages(model, cfg.pipeline.stages, which, specs, ssn_rank)
     if cfg.train.activation_checkpointing:
         for s in stages:
