@@ -1,15 +1,17 @@
-"""What both ends of a pipeline boundary must agree on, derived from the run config.
+"""What both ends of a pipeline boundary must agree on.
 
 A ``CodecSpec`` fixes a boundary's codec, widths, anchors, RVQ settings and seed. Sender and receiver
 build their halves from the same spec, so every seed-derived quantity (A's start, the anchor basis P,
 SSN's U and token table) is identical on both ranks without a message. What the codec name means is
 ``CodecSpec.codec`` (codec_kinds.py). ``StageContext`` carries the token ids of the microbatch a stage
-is processing, which anchors and SSN need on both sides.
+is processing, which anchors and SSN need on both sides. The trainer builds the specs from its run
+config (slimpar.train.strategies.pipeline_specs); nothing here reads a config.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -101,33 +103,24 @@ def resolve_rank(codec: str, d: int, rank: int, compression: int) -> int:
     return rank if rank else d // max(compression, 1)
 
 
-def resolve_projector_init(pc, d: int) -> str:
-    """``pipeline.projector_init`` with ``auto`` resolved: ``pca`` for a Stiefel projector (MAPL) with r < d, else
-    ``random``.
+class ProjectorChoice(Protocol):
+    """What decides where A starts (the run config's ``[pipeline]`` section is one)."""
+
+    codec: str  # the codec kind's name
+    rank: int  # r; 0 = d / compression
+    compression: int  # d / r when rank is 0
+    projector_init: str  # auto | random | pca
+
+
+def resolve_projector_init(choice: ProjectorChoice, d: int) -> str:
+    """``projector_init`` with ``auto`` resolved: ``pca`` for a Stiefel projector (MAPL) with r < d, else ``random``.
 
     PCA is the default because it won in ``slimpar bench quality`` (MAPL 4x, d = 128, 2,000 steps, 3 seeds;
     docs/results/quality); at r = d the random start is the identity, so a full-rank codec stays exact."""
-    if pc.projector_init != "auto":
-        return pc.projector_init
-    r = resolve_rank(pc.codec, d, pc.rank, pc.compression)
-    return "pca" if codec_kind(pc.codec).stiefel and r < d else "random"
-
-
-def codec_specs(cfg, d: int, vocab: int) -> list[CodecSpec]:
-    """One spec per boundary p = 0..P−2 from ``cfg.pipeline`` (a run Config)."""
-    pc = cfg.pipeline
-    r = resolve_rank(pc.codec, d, pc.rank, pc.compression)
-    rvq = None
-    if pc.rvq.levels:
-        q = pc.rvq
-        rvq = RVQSpec(q.levels, q.codebook, q.decay, q.commitment, q.sync_every, q.dead_threshold)
-    return [
-        CodecSpec(kind=pc.codec, boundary=p, dim=d, rank=r, vocab=vocab, seed=cfg.train.seed,
-                  anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
-                  anchor_init=pc.anchor_init,
-                  ids_on_wire=pc.ids == "send", rvq=rvq, microbatches=pc.microbatches)
-        for p in range(pc.stages - 1)
-    ]
+    if choice.projector_init != "auto":
+        return choice.projector_init
+    r = resolve_rank(choice.codec, d, choice.rank, choice.compression)
+    return "pca" if codec_kind(choice.codec).stiefel and r < d else "random"
 
 
 @dataclass

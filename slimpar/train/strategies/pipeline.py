@@ -30,14 +30,16 @@ from slimpar.codecs.anchors import rows_for
 from slimpar.pipeline.evaluate import all_reduce_sum, evaluate_pipeline
 from slimpar.pipeline.groups import PipelineLayout, build_groups
 from slimpar.pipeline.pca import calibrate_stage, calibrate_virtual
-from slimpar.pipeline.spec import codec_specs, resolve_projector_init
+from slimpar.pipeline.spec import resolve_projector_init
 from slimpar.pipeline.split import build_stages
 from slimpar.pipeline.stage import CodecPipelineStage
 from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
 from slimpar.pipeline.virtual import VirtualPipeline
 from slimpar.pipeline.wire import P2PLink
 from slimpar.train.build import loss_fn
+from slimpar.train.evaluate import val_splits
 from slimpar.train.strategies.pipeline_base import PipelineStrategyBase, tie_exported
+from slimpar.train.strategies.pipeline_specs import codec_specs
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -185,8 +187,9 @@ class PipelineStrategy(PipelineStrategyBase):
         s = self.stage.stage
         links_in = {s - 1: self.pp_stage.prev} if self.pp_stage.prev is not None else {}
         links_out = {s: self.pp_stage.next} if self.pp_stage.next is not None else {}
-        out = evaluate_pipeline([self.stage], links_in, links_out, self.counter, data, cfg, self.layout.replica,
-                                self.layout.replicas, all_reduce_sum(self.groups.world, self.ctx.device))
+        out = evaluate_pipeline([self.stage], links_in, links_out, self.counter, val_splits(data, cfg),
+                                data.target_bytes, self.layout.replica, self.layout.replicas,
+                                all_reduce_sum(self.groups.world, self.ctx.device))
         per_rank = [None] * self.ctx.world
         dist.all_gather_object(per_rank, self.rank_stats(), group=self.groups.world)
         self._summarize(per_rank)
@@ -238,7 +241,8 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
     def evaluate(self, data, cfg) -> dict:
         links_in = {p: pair[1] for p, pair in enumerate(self.pipe.links)}
         links_out = {p: pair[0] for p, pair in enumerate(self.pipe.links)}
-        out = evaluate_pipeline(self.stages, links_in, links_out, self.counter, data, cfg)
+        out = evaluate_pipeline(self.stages, links_in, links_out, self.counter, val_splits(data, cfg),
+                                data.target_bytes)
         self._summarize([self.rank_stats()])
         return out
 
