@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from slimpar.codecs.anchors import rows_for
 from slimpar.codecs.packing import UINT16_LIMIT
 from slimpar.pipeline.codec_kinds import CODEC_KINDS, CodecKind, codec_kind
 
@@ -135,6 +136,11 @@ class StageContext:
             raise RuntimeError(f"no token ids for microbatch {self.microbatch}: they were neither received "
                                "nor provided by the stage's own loader")
         return self.ids[self.microbatch]
+
+    def touched_rows(self) -> Tensor:
+        """Sorted distinct token ids of the step's microbatches: the only anchor (or tied embedding) rows
+        with a gradient."""
+        return rows_for(list(self.ids.values()))  # (u,) int64
 
     def set_batch(self, x: Tensor, microbatches: int) -> None:
         """Split a stage's own (b, T) token batch into the microbatches' ids (pipelining's dim-0 split)."""

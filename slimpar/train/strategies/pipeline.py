@@ -4,7 +4,7 @@
   0. before step 0's forward, with ``pipeline.projector_init = "pca"`` (or ``auto`` for MAPL with r < d):
      the PCA start of every A
      (pca.py: a forward-only calibration pass, stage by stage; the sender computes A and sends it);
-     SPEL's η for the step and a frozen A after ``pipeline.freeze_projector_after`` (pipeline_base.py);
+     SPEL's η for the step and a frozen A after ``pipeline.freeze_projector_after`` (pipeline/training.py);
   1. every ``pipeline.checksum_every`` steps: checksum the shared parameters of each boundary
      (A and symmetric anchor tables) against the other end; resync from the sender on a mismatch;
   2. the schedule (GPipe or 1F1B from torch.distributed.pipelining) runs M microbatches through a
@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-from slimpar.codecs.anchors import rows_for
 from slimpar.pipeline.evaluate import all_reduce_sum, evaluate_pipeline
 from slimpar.pipeline.groups import PipelineLayout, build_groups
 from slimpar.pipeline.pca import calibrate_stage, calibrate_virtual
@@ -153,7 +152,7 @@ class PipelineStrategy(PipelineStrategyBase):
         of a stage OR their id masks (V int32 numbers in the replica group, data-parallel traffic);
         the two ends of a boundary see the same replicas' batches and so get the same rows.
         """
-        rows = rows_for(list(self.stage.context.ids.values()))
+        rows = self.stage.context.touched_rows()
         sparse = any(is_sparse for sync in self.syncs for _, _, is_sparse in sync.params)
         if self.groups.replica is None or not sparse:
             return rows
