@@ -55,17 +55,12 @@ class MaplTrainingSpec:
             raise ValueError(f"unknown projector clip mode {self.clip!r}; choose from {', '.join(CLIP_MODES)}")
 
 
-def projector_parameters(module: nn.Module) -> list[nn.Parameter]:
-    """Every Stiefel projector copy A inside ``module`` (what SPEL steps), in module order."""
-    return stiefel_parameters(module)
-
-
 def build_optimizer(module: nn.Module, params: list[nn.Parameter], spec: MaplTrainingSpec) -> SPELAdamW:
     """SPEL on ``module``'s Stiefel projector copies, AdamW on the rest of ``params`` (the trainable ones).
 
     Groups in this order, empty ones left out: Stiefel, matrices (decay), vectors (no decay).
     """
-    stiefel = projector_parameters(module)
+    stiefel = stiefel_parameters(module)
     skip = {id(p) for p in stiefel}
     rest = [p for p in params if id(p) not in skip]
     groups = [{"params": stiefel, "manifold": "stiefel", "lr": spec.spel_lr, "momentum": spec.spel_momentum,
@@ -92,7 +87,7 @@ def start_step(spec: MaplTrainingSpec, step: int, optimizer: SPELAdamW | None, m
 
 def freeze_projectors(module: nn.Module, syncs: Sequence[SharedParamSync]) -> None:
     """A keeps its value: no gradient (so SPEL skips it) and no gradient exchange (fewer sync bytes)."""
-    for A in projector_parameters(module):
+    for A in stiefel_parameters(module):
         A.requires_grad_(False)
         A.grad = None
     for sync in syncs:
@@ -108,7 +103,7 @@ def clip_grad_norm(spec: MaplTrainingSpec, module: nn.Module, params: list[nn.Pa
     stage. ``spec.clip`` decides A's part (module docstring).
     """
     clip = spec.clip
-    proj = set() if clip == "global" else {id(p) for p in projector_parameters(module)}
+    proj = set() if clip == "global" else {id(p) for p in stiefel_parameters(module)}
     parts = [_sq_norm([p for p in owned if id(p) not in proj])]
     if clip == "separate":
         parts.append(_sq_norm([p for p in owned if id(p) in proj]))

@@ -12,6 +12,7 @@ from slimpar.optim.spel import SPEL_SCHEDULES
 from slimpar.pipeline.codec_kinds import CODEC_KINDS, names
 from slimpar.pipeline.spec import resolve_rank
 from slimpar.pipeline.sync import SYNC_DTYPES
+from slimpar.pipeline.training import CLIP_MODES
 from slimpar.train.build import llama_config
 from slimpar.train.ranges import Range
 
@@ -68,7 +69,7 @@ def _check_choices(cfg: Config) -> None:
     _choice("pipeline.sync_dtype", pc.sync_dtype, SYNC_DTYPES)
     _choice("pipeline.projector_init", pc.projector_init, ("auto", "random", "pca"))
     _choice("pipeline.spel_schedule", pc.spel_schedule, SPEL_SCHEDULES)
-    _choice("pipeline.clip_projector", pc.clip_projector, ("global", "separate", "none"))
+    _choice("pipeline.clip_projector", pc.clip_projector, CLIP_MODES)
     _choice("pipeline.anchor_init", pc.anchor_init, ("embedding", "zero"))
     _choice("pipeline.dp", pc.dp, ("ddp", "sdp"))
 
