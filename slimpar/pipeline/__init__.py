@@ -4,15 +4,18 @@ Python entry points (the CLI's ``--parallel.mode pipeline`` builds the same obje
 ``CodecSpec`` (what a boundary's two ends agree on), ``build_stages`` (cut a Llama into
 ``StageModule``s with their codec halves), ``CodecPipelineStage`` (a ``PipelineStage`` that sends the
 codec messages and counts their bytes), ``SharedParamSync`` (keeps both copies of a boundary's
-projector identical), ``VirtualPipeline`` (every stage in one process) and ``ByteCounter``.
+projector identical), ``MaplTrainingSpec`` with ``training.build_optimizer`` / ``start_step`` /
+``clip_grad_norm`` (SPEL on A, AdamW on the rest; A's schedule, freezing and clipping),
+``VirtualPipeline`` (every stage in one process) and ``ByteCounter``.
 """
 
 from slimpar.pipeline.spec import CodecSpec, RVQSpec, StageContext
 from slimpar.pipeline.split import StageModule, build_stages, stage_ranges
 from slimpar.pipeline.stage import CodecPipelineStage
 from slimpar.pipeline.sync import SharedParamSync
+from slimpar.pipeline.training import MaplTrainingSpec
 from slimpar.pipeline.virtual import VirtualPipeline
 from slimpar.pipeline.wire import ByteCounter
 
-__all__ = ["ByteCounter", "CodecPipelineStage", "CodecSpec", "RVQSpec", "SharedParamSync", "StageContext",
-           "StageModule", "VirtualPipeline", "build_stages", "stage_ranges"]
+__all__ = ["ByteCounter", "CodecPipelineStage", "CodecSpec", "MaplTrainingSpec", "RVQSpec", "SharedParamSync",
+           "StageContext", "StageModule", "VirtualPipeline", "build_stages", "stage_ranges"]

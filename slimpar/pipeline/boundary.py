@@ -9,6 +9,7 @@ current microbatch in ``outbox``:
   mapl   out = c = Aᵀ(h − o(t))               payload c as float32            (w = r)
   naive  out = c = (h − o(t)) D               payload c as float32
   ssn    out = c = Uᵀ(h − F[t])               payload c as float32
+(each kind's projector and wire cast come from its entry in codec_kinds.CODEC_KINDS)
 with RVQ (projector codecs) ``out`` = the quantized codes q (straight-through to c), the payload is
 the packed indices (Q·⌈log₂K⌉ bits per token) plus a codebook header, and the changed codebook rows
 follow as a variable tail. Token ids join the payload when the codec needs them and they are sent.
@@ -29,8 +30,7 @@ from torch import Tensor, nn
 from slimpar.codecs.anchors import FixedTokenTable, build_anchor
 from slimpar.codecs.codebook_sync import HEADER_DTYPE, HEADER_NUMEL, CodebookReceiver, CodebookSender, SyncMessage
 from slimpar.codecs.packing import bits_for, ids_to_payload, pack_indices, packed_nbytes, payload_to_ids, unpack_indices
-from slimpar.codecs.projector import FixedSubspace, NaiveProjector, StiefelProjector
-from slimpar.codecs.quant import Int8Codec, Int8Payload, fake_bf16, straight_through
+from slimpar.codecs.projector import StiefelProjector
 from slimpar.codecs.rvq import ResidualVQ
 from slimpar.pipeline.spec import CodecSpec, StageContext
 from slimpar.pipeline.wire import Message, Packet, WireSpec
@@ -55,17 +55,14 @@ def inject_loss(x: Tensor, aux: Tensor) -> Tensor:
 
 
 def build_projector(spec: CodecSpec, role: str, ssn_basis: Tensor | None = None) -> nn.Module | None:
-    if spec.kind == "mapl":
-        return StiefelProjector(spec.dim, spec.rank, spec.seed, spec.boundary, spec.identity_init, role)
-    if spec.kind == "naive":
-        return NaiveProjector(spec.dim, spec.rank, spec.seed, spec.boundary, spec.identity_init, role)
-    if spec.kind == "ssn":
-        return FixedSubspace(ssn_basis)
-    return None
+    build = spec.codec.projector
+    if build is None:
+        return None
+    return build(spec.dim, spec.rank, spec.seed, spec.boundary, spec.identity_init, role, ssn_basis)
 
 
 def _anchor(spec: CodecSpec, role: str, embedding: Tensor | None, ssn_table: Tensor | None) -> nn.Module | None:
-    if spec.kind == "ssn":
+    if spec.codec.token_table:
         return FixedTokenTable(ssn_table)
     if spec.anchors == "none" or (role == "sender" and not spec.shares_anchor):
         return None
@@ -75,27 +72,15 @@ def _anchor(spec: CodecSpec, role: str, embedding: Tensor | None, ssn_table: Ten
 
 def grad_packets(spec: CodecSpec, g: Tensor) -> list[Packet]:
     """∂L/∂out (mb, T, w) as it crosses backward: float32, or the cast codecs' wire format."""
-    if spec.kind == "bf16":
-        return [Packet("payload", g.to(torch.bfloat16))]
-    if spec.kind == "int8":
-        p = Int8Codec().encode(g)
-        return [Packet("payload", p.values), Packet("payload", p.scale)]
-    return [Packet("payload", g.to(torch.float32))]
+    return spec.codec.cast.packets(g)
 
 
 def grad_specs(spec: CodecSpec, shape: tuple[int, int]) -> list[WireSpec]:
-    full = (*shape, spec.width)
-    if spec.kind == "bf16":
-        return [WireSpec("payload", full, torch.bfloat16)]
-    if spec.kind == "int8":
-        return [WireSpec("payload", full, torch.int8), WireSpec("payload", (*shape, 1), torch.float32)]
-    return [WireSpec("payload", full, torch.float32)]
+    return spec.codec.cast.specs(shape, spec.width)
 
 
 def grad_decode(spec: CodecSpec, tensors: list[Tensor]) -> Tensor:
-    if spec.kind == "int8":
-        return Int8Codec().decode(Int8Payload(tensors[0], tensors[1]))
-    return tensors[0].to(torch.float32)
+    return spec.codec.cast.decode(tensors)
 
 
 class _Half(nn.Module):
@@ -147,16 +132,10 @@ class BoundaryEncoder(_Half):
         return out
 
     def _encode(self, x: Tensor) -> tuple[Tensor, Message]:
-        kind = self.spec.kind
         if self.rvq is not None:
             return self._quantize(x)
-        if kind == "bf16":
-            return fake_bf16(x), Message([Packet("payload", x.detach().to(torch.bfloat16))])
-        if kind == "int8":
-            p = Int8Codec().encode(x.detach())
-            out = straight_through(x, Int8Codec().decode(p, x.dtype))
-            return out, Message([Packet("payload", p.values), Packet("payload", p.scale)])
-        return x, Message([Packet("payload", x.detach())])
+        out, packets = self.spec.codec.cast.encode(x)
+        return out, Message(packets)
 
     def _quantize(self, c: Tensor) -> tuple[Tensor, Message]:
         q, idx, commit = self.rvq(c)  # (mb, T, r), (mb, T, Q), scalar
@@ -198,12 +177,8 @@ class BoundaryDecoder(_Half):
             out = [WireSpec("payload", (packed_nbytes(n, bits_for(s.rvq.codebook)),), torch.uint8)]
             if self.training:
                 out.append(WireSpec("codebook", (HEADER_NUMEL,), HEADER_DTYPE))
-        elif s.kind == "bf16":
-            out = [WireSpec("payload", (*shape, s.width), torch.bfloat16)]
-        elif s.kind == "int8":
-            out = [WireSpec("payload", (*shape, s.width), torch.int8), WireSpec("payload", (*shape, 1), torch.float32)]
         else:
-            out = [WireSpec("payload", (*shape, s.width), torch.float32)]
+            out = s.codec.cast.specs(shape, s.width)
         if s.sends_ids:
             out.append(WireSpec("ids", shape, s.ids_dtype))
         return out
@@ -231,9 +206,7 @@ class BoundaryDecoder(_Half):
                 version = msg.version
             idx = unpack_indices(fixed[0], bits_for(s.rvq.codebook), (*shape, s.rvq.levels))
             return self.codebook.decode(idx, version)  # (mb, T, r): the sender's q, bit for bit
-        if s.kind == "int8":
-            return Int8Codec().decode(Int8Payload(fixed[0], fixed[1]))
-        return fixed[0].to(torch.float32)
+        return s.codec.cast.decode(fixed)
 
     def forward(self, act: Tensor) -> Tensor:
         """out (mb, T, w) -> ĥ (mb, T, d) = up(out) + o(t)."""

@@ -7,6 +7,7 @@ codec halves are in eval mode: RVQ codebooks do not move, so no codebook message
 receiver decodes with the version it holds. Token ids are read locally (every rank builds the same
 validation batches); evaluation traffic is not added to the training byte counts.
 
+The caller passes the validation batches of each split (the trainer builds them from its config).
 Data-parallel replicas evaluate disjoint shares of the batches; the last stage's sums of nll, tokens
 and target bytes are all-reduced over every rank (other ranks add zeros). Keys match
 slimpar.train.evaluate: ``val_loss``, ``val_perplexity``, ``val_bits_per_byte``, ``val_<split>_*``.
@@ -15,7 +16,7 @@ slimpar.train.evaluate: ``val_loss``, ``val_perplexity``, ``val_bits_per_byte``,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -23,11 +24,6 @@ import torch.nn.functional as F
 
 from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.wire import TAG_EVAL, ByteCounter, Link, recv_message, send_message, wait_all
-
-
-def val_splits(data, cfg) -> dict[str, list]:
-    e = cfg.eval
-    return {s: data.val_batches(s, e.batch_size, e.batches, cfg.data.seq_len) for s in data.val_streams}
 
 
 def forward_batch(stages: list[StageModule], links_in: dict[int, Link], links_out: dict[int, Link],
@@ -50,16 +46,22 @@ def forward_batch(stages: list[StageModule], links_in: dict[int, Link], links_ou
 
 @torch.no_grad()
 def evaluate_pipeline(stages: list[StageModule], links_in: dict[int, Link], links_out: dict[int, Link],
-                      counter: ByteCounter, data, cfg, replica: int = 0, replicas: int = 1,
+                      counter: ByteCounter, splits: Mapping[str, Sequence[tuple[torch.Tensor, torch.Tensor]]],
+                      target_bytes: Callable[[torch.Tensor], int | None], replica: int = 0, replicas: int = 1,
                       reduce: Callable[[torch.Tensor], None] | None = None) -> dict[str, float]:
-    """Validation metrics through ``stages``; ``reduce`` sums a float64 tensor over ranks (None: local)."""
+    """Validation metrics through ``stages``.
+
+    ``splits``: split name -> its (x, y) token batches, (b, T) each, the same on every rank;
+    ``target_bytes(y)``: UTF-8 bytes of the target tokens (None: unknown, so no bits per byte);
+    ``reduce`` sums a float64 tensor over ranks (None: local).
+    """
     modes = [s.training for s in stages]
     for s in stages:
         s.eval()
     counter.enabled = False
     results: dict[str, float] = {}
     try:
-        for split, batches in val_splits(data, cfg).items():
+        for split, batches in splits.items():
             sums = torch.zeros(3, dtype=torch.float64)  # nll (nats), tokens, target bytes
             for i, (x, y) in enumerate(batches):
                 if i % replicas != replica:
@@ -69,7 +71,7 @@ def evaluate_pipeline(stages: list[StageModule], links_in: dict[int, Link], link
                 logits = forward_batch(stages, links_in, links_out, x)
                 if logits is not None:
                     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum")
-                    sums += torch.tensor([float(nll), y.numel(), float(data.target_bytes(y) or 0)], dtype=torch.float64)
+                    sums += torch.tensor([float(nll), y.numel(), float(target_bytes(y) or 0)], dtype=torch.float64)
             if reduce is not None:
                 reduce(sums)
             results.update(_metrics(split, *sums.tolist()))

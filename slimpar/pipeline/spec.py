@@ -1,22 +1,27 @@
-"""What both ends of a pipeline boundary must agree on, derived from the run config.
+"""What both ends of a pipeline boundary must agree on.
 
 A ``CodecSpec`` fixes a boundary's codec, widths, anchors, RVQ settings and seed. Sender and receiver
 build their halves from the same spec, so every seed-derived quantity (A's start, the anchor basis P,
-SSN's U and token table) is identical on both ranks without a message. ``StageContext`` carries the
-token ids of the microbatch a stage is processing, which anchors and SSN need on both sides.
+SSN's U and token table) is identical on both ranks without a message. What the codec name means is
+``CodecSpec.codec`` (codec_kinds.py). ``StageContext`` carries the token ids of the microbatch a stage
+is processing, which anchors and SSN need on both sides. The trainer builds the specs from its run
+config (slimpar.train.strategies.pipeline_specs); nothing here reads a config.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from slimpar.codecs.anchors import rows_for
 from slimpar.codecs.packing import UINT16_LIMIT
+from slimpar.pipeline.codec_kinds import CODEC_KINDS, CodecKind, codec_kind
 
-CODECS = ("none", "bf16", "int8", "mapl", "ssn", "naive")
-PROJECTOR_CODECS = ("mapl", "ssn", "naive")  # codecs that map d -> r numbers per token
+CODECS = tuple(CODEC_KINDS)
+PROJECTOR_CODECS = tuple(k for k, c in CODEC_KINDS.items() if c.projects)  # codecs that map d -> r numbers per token
 
 
 @dataclass(frozen=True)
@@ -45,9 +50,17 @@ class CodecSpec:
     rvq: RVQSpec | None = None  # residual VQ of the codes (projector codecs only)
     microbatches: int = 1  # microbatches per step: paces the full codebook pushes
 
+    def __post_init__(self) -> None:
+        codec_kind(self.kind)  # an unknown name fails here, not as a silent uncompressed boundary
+
+    @property
+    def codec(self) -> CodecKind:
+        """What ``kind`` means: projector, wire cast and traits (codec_kinds.py)."""
+        return CODEC_KINDS[self.kind]
+
     @property
     def projected(self) -> bool:
-        return self.kind in PROJECTOR_CODECS
+        return self.codec.projects
 
     @property
     def width(self) -> int:
@@ -57,7 +70,7 @@ class CodecSpec:
     @property
     def needs_ids(self) -> bool:
         """Both ends look token ids up: anchors and SSN's fixed table."""
-        return self.anchors != "none" or self.kind == "ssn"
+        return self.anchors != "none" or self.codec.token_table
 
     @property
     def sends_ids(self) -> bool:
@@ -86,36 +99,29 @@ class CodecSpec:
 
 def resolve_rank(codec: str, d: int, rank: int, compression: int) -> int:
     """r for a projector codec: ``rank`` when set, else d / compression; d for the other codecs."""
-    if codec not in PROJECTOR_CODECS:
+    if not codec_kind(codec).projects:
         return d
     return rank if rank else d // max(compression, 1)
 
 
-def resolve_projector_init(pc, d: int) -> str:
-    """``pipeline.projector_init`` with ``auto`` resolved: ``pca`` for MAPL with r < d, else ``random``.
+class ProjectorChoice(Protocol):
+    """What decides where A starts (the run config's ``[pipeline]`` section is one)."""
+
+    codec: str  # the codec kind's name
+    rank: int  # r; 0 = d / compression
+    compression: int  # d / r when rank is 0
+    projector_init: str  # auto | random | pca
+
+
+def resolve_projector_init(choice: ProjectorChoice, d: int) -> str:
+    """``projector_init`` with ``auto`` resolved: ``pca`` for a Stiefel projector (MAPL) with r < d, else ``random``.
 
     PCA is the default because it won in ``slimpar bench quality`` (MAPL 4x, d = 128, 2,000 steps, 3 seeds;
     docs/results/quality); at r = d the random start is the identity, so a full-rank codec stays exact."""
-    if pc.projector_init != "auto":
-        return pc.projector_init
-    return "pca" if pc.codec == "mapl" and resolve_rank(pc.codec, d, pc.rank, pc.compression) < d else "random"
-
-
-def codec_specs(cfg, d: int, vocab: int) -> list[CodecSpec]:
-    """One spec per boundary p = 0..P−2 from ``cfg.pipeline`` (a run Config)."""
-    pc = cfg.pipeline
-    r = resolve_rank(pc.codec, d, pc.rank, pc.compression)
-    rvq = None
-    if pc.rvq.levels:
-        q = pc.rvq
-        rvq = RVQSpec(q.levels, q.codebook, q.decay, q.commitment, q.sync_every, q.dead_threshold)
-    return [
-        CodecSpec(kind=pc.codec, boundary=p, dim=d, rank=r, vocab=vocab, seed=cfg.train.seed,
-                  anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
-                  anchor_init=pc.anchor_init,
-                  ids_on_wire=pc.ids == "send", rvq=rvq, microbatches=pc.microbatches)
-        for p in range(pc.stages - 1)
-    ]
+    if choice.projector_init != "auto":
+        return choice.projector_init
+    r = resolve_rank(choice.codec, d, choice.rank, choice.compression)
+    return "pca" if codec_kind(choice.codec).stiefel and r < d else "random"
 
 
 @dataclass
@@ -130,6 +136,11 @@ class StageContext:
             raise RuntimeError(f"no token ids for microbatch {self.microbatch}: they were neither received "
                                "nor provided by the stage's own loader")
         return self.ids[self.microbatch]
+
+    def touched_rows(self) -> Tensor:
+        """Sorted distinct token ids of the step's microbatches: the only anchor (or tied embedding) rows
+        with a gradient."""
+        return rows_for(list(self.ids.values()))  # (u,) int64
 
     def set_batch(self, x: Tensor, microbatches: int) -> None:
         """Split a stage's own (b, T) token batch into the microbatches' ids (pipelining's dim-0 split)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from slimpar.codecs.anchors import rows_for
 from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
 from slimpar.pipeline.wire import ByteCounter, LocalLink, recv_message, send_message, wait_all
@@ -95,8 +94,7 @@ class VirtualPipeline:
         ends = [e for pair in self.syncs for e in pair]
         if not ends:
             return
-        ids = list(self.stages[0].context.ids.values())
-        run_phases(ends, "post", "finish", rows=rows_for(ids))
+        run_phases(ends, "post", "finish", rows=self.stages[0].context.touched_rows())
 
     def check_shared(self) -> int:
         """Checksum every boundary's shared parameters; returns how many boundaries were resynced."""

@@ -21,7 +21,7 @@ def evaluate(strategy, data, cfg, rank: int, world: int, group=None) -> dict[str
     module.eval()
     results: dict[str, float] = {}
     try:
-        for split, batches in _val_splits(data, cfg).items():
+        for split, batches in val_splits(data, cfg).items():
             results.update(_eval_split(module, split, batches, data, cfg, rank, world, group,
                                        sharded=strategy.eval_sharded))
     finally:
@@ -29,7 +29,8 @@ def evaluate(strategy, data, cfg, rank: int, world: int, group=None) -> dict[str
     return results
 
 
-def _val_splits(data, cfg) -> dict[str, list]:
+def val_splits(data, cfg) -> dict[str, list]:
+    """Split name -> its validation batches, as ``[eval]`` asks (every rank builds the same ones)."""
     e = cfg.eval
     if cfg.data.kind == "text":
         return {s: data.val_batches(s, e.batch_size, e.batches, cfg.data.seq_len) for s in data.val_streams}

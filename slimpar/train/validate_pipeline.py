@@ -9,8 +9,10 @@ from __future__ import annotations
 from slimpar.config import Config, ConfigError
 from slimpar.config import check_choice as _choice
 from slimpar.optim.spel import SPEL_SCHEDULES
-from slimpar.pipeline.spec import CODECS, PROJECTOR_CODECS, resolve_rank
+from slimpar.pipeline.codec_kinds import CODEC_KINDS, names
+from slimpar.pipeline.spec import resolve_rank
 from slimpar.pipeline.sync import SYNC_DTYPES
+from slimpar.pipeline.training import CLIP_MODES
 from slimpar.train.build import llama_config
 from slimpar.train.ranges import Range
 
@@ -48,9 +50,9 @@ def validate_pipeline(cfg: Config) -> None:
     _check_rvq(cfg)
     _check_projector(cfg)
     _check_hybrid(cfg)
-    if lc.tie_embeddings and cfg.pipeline.codec == "ssn":
-        raise ConfigError("codec 'ssn' replaces the token embedding by a fixed random table plus a subspace part, "
-                          "which the output head cannot share; add --model.tie_embeddings false")
+    if lc.tie_embeddings and CODEC_KINDS[cfg.pipeline.codec].token_table:
+        raise ConfigError(f"codec {cfg.pipeline.codec!r} replaces the token embedding by a fixed random table plus a "
+                          "subspace part, which the output head cannot share; add --model.tie_embeddings false")
     if cfg.train.grad_accum != 1:
         raise ConfigError("pipeline microbatches replace gradient accumulation; set --train.grad_accum 1 and "
                           "use --pipeline.microbatches")
@@ -59,7 +61,7 @@ def validate_pipeline(cfg: Config) -> None:
 def _check_choices(cfg: Config) -> None:
     pc = cfg.pipeline
     _choice("pipeline.schedule", pc.schedule, ("gpipe", "1f1b"))
-    _choice("pipeline.codec", pc.codec, CODECS)
+    _choice("pipeline.codec", pc.codec, tuple(CODEC_KINDS))
     _choice("pipeline.anchors", pc.anchors, ("none", "factorized", "full"))
     _choice("pipeline.anchor_form", pc.anchor_form, ("symmetric", "receiver"))
     _choice("pipeline.ids", pc.ids, ("send", "local"))
@@ -67,7 +69,7 @@ def _check_choices(cfg: Config) -> None:
     _choice("pipeline.sync_dtype", pc.sync_dtype, SYNC_DTYPES)
     _choice("pipeline.projector_init", pc.projector_init, ("auto", "random", "pca"))
     _choice("pipeline.spel_schedule", pc.spel_schedule, SPEL_SCHEDULES)
-    _choice("pipeline.clip_projector", pc.clip_projector, ("global", "separate", "none"))
+    _choice("pipeline.clip_projector", pc.clip_projector, CLIP_MODES)
     _choice("pipeline.anchor_init", pc.anchor_init, ("embedding", "zero"))
     _choice("pipeline.dp", pc.dp, ("ddp", "sdp"))
 
@@ -103,7 +105,8 @@ def _check_codec(cfg: Config, d: int) -> None:
     pc = cfg.pipeline
     if pc.rank < 0 or pc.compression < 1:
         raise ConfigError(f"pipeline.rank must be >= 0 and pipeline.compression >= 1, got {pc.rank}, {pc.compression}")
-    if pc.codec in PROJECTOR_CODECS:
+    kind = CODEC_KINDS[pc.codec]
+    if kind.projects:
         if pc.rank > d:
             raise ConfigError(f"pipeline.rank = {pc.rank} is larger than the model width d = {d}; choose r <= d")
         if not pc.rank and d % pc.compression:
@@ -112,10 +115,10 @@ def _check_codec(cfg: Config, d: int) -> None:
         if resolve_rank(pc.codec, d, pc.rank, pc.compression) < 1:
             raise ConfigError(f"pipeline.compression = {pc.compression} leaves rank 0 for d = {d}")
     if pc.anchors != "none":
-        if pc.codec not in ("mapl", "naive"):
-            why = "has its own fixed token table" if pc.codec == "ssn" else "has no projector"
-            raise ConfigError(f"pipeline.anchors = {pc.anchors!r} needs a learned projector codec (mapl or naive); "
-                              f"codec {pc.codec!r} {why}")
+        if not kind.learned:
+            why = "has its own fixed token table" if kind.token_table else "has no projector"
+            raise ConfigError(f"pipeline.anchors = {pc.anchors!r} needs a learned projector codec "
+                              f"({_either(names(lambda k: k.learned))}); codec {pc.codec!r} {why}")
         if pc.anchors == "factorized" and not 0 < pc.anchor_dim <= d:
             raise ConfigError(f"pipeline.anchor_dim = {pc.anchor_dim} must be between 1 and d = {d}")
     if pc.spel_lr <= 0 or not 0 <= pc.spel_momentum < 1:
@@ -131,9 +134,9 @@ def _check_rvq(cfg: Config) -> None:
         raise ConfigError(f"pipeline.rvq.levels must be >= 0 (0 = no RVQ), got {q.levels}")
     if not q.levels:
         return
-    if pc.codec not in PROJECTOR_CODECS:
-        raise ConfigError(f"RVQ quantizes projected codes: pipeline.rvq.levels > 0 needs codec mapl, ssn or naive "
-                          f"(got {pc.codec!r})")
+    if not CODEC_KINDS[pc.codec].projects:
+        raise ConfigError(f"RVQ quantizes projected codes: pipeline.rvq.levels > 0 needs codec "
+                          f"{_either(names(lambda k: k.projects))} (got {pc.codec!r})")
     if not 2 <= q.codebook <= MAX_CODEBOOK:
         raise ConfigError(f"pipeline.rvq.codebook = {q.codebook} must be between 2 and {MAX_CODEBOOK:,}")
     if not 0 <= q.decay < 1 or q.commitment < 0 or q.sync_every < 0:
@@ -147,9 +150,10 @@ def _check_projector(cfg: Config) -> None:
         raise ConfigError(f"pipeline.pca_batches must be >= 1, got {pc.pca_batches}")
     if pc.freeze_projector_after < 0:
         raise ConfigError(f"pipeline.freeze_projector_after must be >= 0 (0 = never), got {pc.freeze_projector_after}")
-    if pc.projector_init == "pca" and pc.codec != "mapl":
+    if pc.projector_init == "pca" and not CODEC_KINDS[pc.codec].stiefel:
+        stiefel = names(lambda k: k.stiefel)
         raise ConfigError(f"pipeline.projector_init = 'pca' starts MAPL's Stiefel projector A; codec {pc.codec!r} "
-                          "has none (use --pipeline.codec mapl, or --pipeline.projector_init random)")
+                          f"has none (use --pipeline.codec {stiefel[0]}, or --pipeline.projector_init random)")
 
 
 def _check_hybrid(cfg: Config) -> None:
@@ -164,3 +168,8 @@ def _check_hybrid(cfg: Config) -> None:
     if pc.dp == "sdp" and cfg.sdp.assignment == "explicit":
         raise ConfigError("pipeline.dp = 'sdp' plans every stage over its replicas (cyclic or random); "
                           "sdp.assignment = 'explicit' is not supported there")
+
+
+def _either(options: list[str]) -> str:
+    """The options as prose: ``a``, ``a or b``, ``a, b or c``."""
+    return options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"

@@ -4,7 +4,7 @@
   0. before step 0's forward, with ``pipeline.projector_init = "pca"`` (or ``auto`` for MAPL with r < d):
      the PCA start of every A
      (pca.py: a forward-only calibration pass, stage by stage; the sender computes A and sends it);
-     SPEL's η for the step and a frozen A after ``pipeline.freeze_projector_after`` (pipeline_base.py);
+     SPEL's η for the step and a frozen A after ``pipeline.freeze_projector_after`` (pipeline/training.py);
   1. every ``pipeline.checksum_every`` steps: checksum the shared parameters of each boundary
      (A and symmetric anchor tables) against the other end; resync from the sender on a mismatch;
   2. the schedule (GPipe or 1F1B from torch.distributed.pipelining) runs M microbatches through a
@@ -26,18 +26,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
-from slimpar.codecs.anchors import rows_for
 from slimpar.pipeline.evaluate import all_reduce_sum, evaluate_pipeline
 from slimpar.pipeline.groups import PipelineLayout, build_groups
 from slimpar.pipeline.pca import calibrate_stage, calibrate_virtual
-from slimpar.pipeline.spec import codec_specs, resolve_projector_init
+from slimpar.pipeline.spec import resolve_projector_init
 from slimpar.pipeline.split import build_stages
 from slimpar.pipeline.stage import CodecPipelineStage
 from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
 from slimpar.pipeline.virtual import VirtualPipeline
 from slimpar.pipeline.wire import P2PLink
 from slimpar.train.build import loss_fn
+from slimpar.train.evaluate import val_splits
 from slimpar.train.strategies.pipeline_base import PipelineStrategyBase, tie_exported
+from slimpar.train.strategies.pipeline_specs import codec_specs
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -46,7 +47,7 @@ def _stages_of(cfg, model, which: list[int]) -> list:
     from slimpar.parallel.ac import apply_ac
 
     specs = codec_specs(cfg, model.cfg.dim, model.cfg.vocab_size)
-    ssn_rank = specs[0].rank if cfg.pipeline.codec == "ssn" else 0
+    ssn_rank = specs[0].rank if specs and specs[0].codec.token_table else 0  # SSN reparametrises the whole model
     stages = build_stages(model, cfg.pipeline.stages, which, specs, ssn_rank)
     if cfg.train.activation_checkpointing:
         for s in stages:
@@ -159,7 +160,7 @@ class PipelineStrategy(PipelineStrategyBase):
         of a stage OR their id masks (V int32 numbers in the replica group, data-parallel traffic);
         the two ends of a boundary see the same replicas' batches and so get the same rows.
         """
-        rows = rows_for(list(self.stage.context.ids.values()))
+        rows = self.stage.context.touched_rows()
         sparse = any(is_sparse for sync in self.syncs for _, _, is_sparse in sync.params)
         if self.groups.replica is None or not sparse:
             return rows
@@ -193,8 +194,9 @@ class PipelineStrategy(PipelineStrategyBase):
         s = self.stage.stage
         links_in = {s - 1: self.pp_stage.prev} if self.pp_stage.prev is not None else {}
         links_out = {s: self.pp_stage.next} if self.pp_stage.next is not None else {}
-        out = evaluate_pipeline([self.stage], links_in, links_out, self.counter, data, cfg, self.layout.replica,
-                                self.layout.replicas, all_reduce_sum(self.groups.world, self.ctx.device))
+        out = evaluate_pipeline([self.stage], links_in, links_out, self.counter, val_splits(data, cfg),
+                                data.target_bytes, self.layout.replica, self.layout.replicas,
+                                all_reduce_sum(self.groups.world, self.ctx.device))
         per_rank = [None] * self.ctx.world
         dist.all_gather_object(per_rank, self.rank_stats(), group=self.groups.world)
         self._summarize(per_rank)
@@ -246,7 +248,8 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
     def evaluate(self, data, cfg) -> dict:
         links_in = {p: pair[1] for p, pair in enumerate(self.pipe.links)}
         links_out = {p: pair[0] for p, pair in enumerate(self.pipe.links)}
-        out = evaluate_pipeline(self.stages, links_in, links_out, self.counter, data, cfg)
+        out = evaluate_pipeline(self.stages, links_in, links_out, self.counter, val_splits(data, cfg),
+                                data.target_bytes)
         self._summarize([self.rank_stats()])
         return out
 

@@ -6,30 +6,28 @@ global norm over all stages, ``reduce_loss`` / ``step_metrics`` / ``summary_extr
 Subclasses provide ``_sum_pipeline`` (sum a float64 tensor over the stages of one pipeline),
 ``_gather`` (every rank's object on rank 0) and the step itself.
 
-How MAPL's projector A is stepped (docs/pipeline.md): ``start_step`` sets SPEL's η for the step
-(``pipeline.spel_schedule``; the trainer has just scaled every group by the model's schedule) and,
-from step ``pipeline.freeze_projector_after`` on, freezes A (no gradient, no SPEL update, no gradient
-exchange between the two ends); ``clip_grad_norm`` keeps A's gradient in the model's global norm,
-clips it on its own, or leaves it unclipped (``pipeline.clip_projector``).
+How MAPL's projector A is stepped (docs/pipeline.md) is the pipeline library's (pipeline/training.py):
+the config becomes a ``MaplTrainingSpec`` once (pipeline_specs.py), and ``build_optimizer``,
+``start_step`` (SPEL's η, freezing A) and ``clip_grad_norm`` (A in the global norm, clipped on its own,
+or unclipped) call into it with this strategy's hooks: the stages' module, ``_shared_syncs``,
+``_owned`` and ``_sum_pipeline``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 
 import torch
 from torch import nn
 
-from slimpar.codecs.projector import stiefel_parameters
-from slimpar.optim.spel import SPELAdamW, spel_lr_at
-from slimpar.pipeline import accounting
+from slimpar.optim.spel import SPELAdamW
+from slimpar.pipeline import accounting, training
 from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.ssn import effective_state_dict
 from slimpar.pipeline.wire import ByteCounter
-from slimpar.train.build import total_steps
 from slimpar.train.strategies.base import Strategy
+from slimpar.train.strategies.pipeline_specs import training_spec
 
 
 class PipelineStrategyBase(Strategy):
@@ -40,6 +38,7 @@ class PipelineStrategyBase(Strategy):
         model = stages[0] if len(stages) == 1 else nn.ModuleDict({f"stage{s.stage}": s for s in stages})
         super().__init__(model, None, cfg)
         self.stages = stages
+        self.mapl_spec = training_spec(cfg)  # optimizer, SPEL schedule, freezing and clipping of A
         self.dp_rank, self.dp_world = replica, replicas
         self.counter = ByteCounter()
         self.optimizer: SPELAdamW | None = None
@@ -60,40 +59,18 @@ class PipelineStrategyBase(Strategy):
 
     def build_optimizer(self, cfg) -> SPELAdamW:
         """SPEL on every Stiefel projector copy, AdamW (decay on matrices only) on everything else."""
-        t, pc = cfg.train, cfg.pipeline
-        stiefel = stiefel_parameters(self.model)
-        skip = {id(p) for p in stiefel}
-        rest = [p for p in self.parameters() if id(p) not in skip]
-        groups = [{"params": stiefel, "manifold": "stiefel", "lr": pc.spel_lr, "momentum": pc.spel_momentum,
-                   "backend": pc.polar},
-                  {"params": [p for p in rest if p.dim() >= 2], "weight_decay": t.weight_decay},
-                  {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
-        self.optimizer = SPELAdamW([g for g in groups if g["params"]], lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8,
-                                   weight_decay=t.weight_decay)
+        spec = self.mapl_spec if cfg is self.cfg else training_spec(cfg)
+        self.optimizer = training.build_optimizer(self.model, self.parameters(), spec)
         return self.optimizer
 
     # -- how A is stepped -------------------------------------------------------------------------
     def start_step(self, step: int) -> None:
         """Before step ``step``'s forward: SPEL's η for this step, and A frozen once its steps are done."""
-        pc = self.cfg.pipeline
-        if self.optimizer is not None:
-            total, ratio = total_steps(self.cfg), self.cfg.train.min_lr_ratio
-            for g in self.optimizer.param_groups:
-                if g["manifold"] == "stiefel":
-                    g["lr"] = spel_lr_at(pc.spel_schedule, step, pc.spel_lr, total, ratio, g["lr"])
-        if pc.freeze_projector_after and step >= pc.freeze_projector_after:
-            self.freeze_projectors()
+        training.start_step(self.mapl_spec, step, self.optimizer, self.model, self._shared_syncs())
 
     def freeze_projectors(self) -> None:
-        """A keeps its value: no gradient (so SPEL skips it) and no gradient exchange (fewer sync bytes).
-
-        Both ends freeze at the same step, so their exchanges keep matching; checksums still cover A.
-        """
-        for A in stiefel_parameters(self.model):
-            A.requires_grad_(False)
-            A.grad = None
-        for sync in self._shared_syncs():
-            sync.freeze("projector.A")
+        """A keeps its value: no gradient (so SPEL skips it) and no gradient exchange (fewer sync bytes)."""
+        training.freeze_projectors(self.model, self._shared_syncs())
 
     def _shared_syncs(self) -> list:
         return []
@@ -123,22 +100,10 @@ class PipelineStrategyBase(Strategy):
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip by the norm over all stages of one pipeline, the same factor on every stage; returns that norm.
 
-        ``pipeline.clip_projector``: ``global`` counts (one copy of) each A's gradient in that norm;
-        ``separate`` leaves A out of it and clips A's gradients by their own norm over the pipeline
-        (same ``max_norm``); ``none`` leaves A out and unclipped (SPEL's step has length η anyway).
+        ``pipeline.clip_projector`` decides whether A's gradient counts in it (pipeline/training.py).
         """
-        mode = self.cfg.pipeline.clip_projector
-        proj = set() if mode == "global" else {id(p) for p in stiefel_parameters(self.model)}
-        owned = self._owned()
-        parts = [_sq_norm([p for p in owned if id(p) not in proj])]
-        if mode == "separate":
-            parts.append(_sq_norm([p for p in owned if id(p) in proj]))
-        sq = self._sum_pipeline(torch.stack(parts))  # one all-reduce of 1 or 2 numbers
-        total = math.sqrt(float(sq[0]))
-        _scale([p for p in self.parameters() if id(p) not in proj], max_norm / (total + 1e-6))
-        if mode == "separate":
-            _scale([p for p in self.parameters() if id(p) in proj], max_norm / (math.sqrt(float(sq[1])) + 1e-6))
-        return total
+        return training.clip_grad_norm(self.mapl_spec, self.model, self.parameters(), self._owned(), max_norm,
+                                       self._sum_pipeline)
 
     def _sum_pipeline(self, t: torch.Tensor) -> torch.Tensor:
         return t
@@ -201,16 +166,3 @@ def tie_exported(state: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.
     if tied and "tok_embeddings.weight" in state and "output.weight" in state:
         state["output.weight"] = state["tok_embeddings.weight"]
     return state
-
-
-def _sq_norm(params: list[nn.Parameter]) -> torch.Tensor:
-    """Σ ‖grad‖² over ``params`` as a float64 CPU scalar."""
-    norms = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
-    return torch.stack(norms).double().pow(2).sum().cpu() if norms else torch.zeros((), dtype=torch.float64)
-
-
-def _scale(params: list[nn.Parameter], coef: float) -> None:
-    if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coef)

@@ -1,0 +1,128 @@
+"""How a compressed pipeline's parameters are stepped: SPEL on MAPL's projector copies, AdamW on the rest.
+
+docs/pipeline.md, "Starting and stepping A". Per step, on every rank that holds stages:
+  1. ``start_step``: SPEL's η for the step (``spel_schedule``: ``model`` keeps what the trainer set,
+     ``constant`` and ``cosine`` are SPEL's own, optim.spel.spel_lr_at), and from step ``freeze_after``
+     on, A frozen: no gradient, so SPEL skips it, and no gradient exchange between the two ends (each
+     ``SharedParamSync`` stops sending "projector.A"; both ends freeze at the same step, so their
+     exchanges keep matching, and checksums still cover A);
+  2. after the schedule and the shared-gradient syncs, ``clip_grad_norm``: one global norm over the
+     pipeline, whose ``sum_pipeline`` (the caller's all-reduce over the stages, or identity in one
+     process) is the only communication: 1 float64 (``clip`` global or none) or 2 (separate). ``global``
+     counts each A's gradient (one copy per boundary: the caller's ``owned`` leaves the receiver's out),
+     ``separate`` clips A by its own norm over the pipeline, ``none`` leaves A unclipped (SPEL's step has
+     length η anyway);
+  3. the optimizer from ``build_optimizer`` steps: SPEL on the Stiefel copies (both ends apply the same
+     update to the same summed gradient), AdamW with decay on matrices only on everything else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from slimpar.codecs.projector import stiefel_parameters
+from slimpar.optim.spel import SPEL_SCHEDULES, SPELAdamW, spel_lr_at
+from slimpar.pipeline.sync import SharedParamSync
+
+CLIP_MODES = ("global", "separate", "none")
+
+
+@dataclass(frozen=True)
+class MaplTrainingSpec:
+    """Optimizer settings of a pipeline run (the trainer builds it from its config)."""
+
+    lr: float  # AdamW's base learning rate (the trainer scales every group by its schedule each step)
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW's β1, β2
+    weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only (norms and biases get none)
+    spel_lr: float = 0.01  # SPEL's base η, a spectral step length per step
+    spel_momentum: float = 0.9  # SPEL's momentum β
+    polar: str = "polar_express"  # msign backend: polar_express | eigh
+    spel_schedule: str = "model"  # model | constant | cosine (optim.spel.spel_lr_at)
+    total_steps: int = 1  # optimizer steps of the run: the length of SPEL's own cosine
+    min_lr_ratio: float = 0.1  # SPEL's cosine ends at spel_lr × this
+    freeze_after: int = 0  # A is updated in steps 0..N−1 only; 0 = never frozen
+    clip: str = "global"  # global | separate | none: how A's gradient enters gradient clipping
+
+    def __post_init__(self) -> None:
+        if self.spel_schedule not in SPEL_SCHEDULES:
+            raise ValueError(f"unknown SPEL schedule {self.spel_schedule!r}; choose from {', '.join(SPEL_SCHEDULES)}")
+        if self.clip not in CLIP_MODES:
+            raise ValueError(f"unknown projector clip mode {self.clip!r}; choose from {', '.join(CLIP_MODES)}")
+
+
+def build_optimizer(module: nn.Module, params: list[nn.Parameter], spec: MaplTrainingSpec) -> SPELAdamW:
+    """SPEL on ``module``'s Stiefel projector copies, AdamW on the rest of ``params`` (the trainable ones).
+
+    Groups in this order, empty ones left out: Stiefel, matrices (decay), vectors (no decay).
+    """
+    stiefel = stiefel_parameters(module)
+    skip = {id(p) for p in stiefel}
+    rest = [p for p in params if id(p) not in skip]
+    groups = [{"params": stiefel, "manifold": "stiefel", "lr": spec.spel_lr, "momentum": spec.spel_momentum,
+               "backend": spec.polar},
+              {"params": [p for p in rest if p.dim() >= 2], "weight_decay": spec.weight_decay},
+              {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    return SPELAdamW([g for g in groups if g["params"]], lr=spec.lr, betas=spec.betas, eps=1e-8,
+                     weight_decay=spec.weight_decay)
+
+
+def start_step(spec: MaplTrainingSpec, step: int, optimizer: SPELAdamW | None, module: nn.Module,
+               syncs: Sequence[SharedParamSync]) -> None:
+    """Before step ``step``'s forward (the trainer has just scaled every group by the model's schedule):
+    SPEL's η for this step, and A frozen once its steps are done. ``syncs``: the ``SharedParamSync`` ends
+    of ``module``'s boundaries."""
+    if optimizer is not None:
+        for g in optimizer.param_groups:
+            if g["manifold"] == "stiefel":
+                g["lr"] = spel_lr_at(spec.spel_schedule, step, spec.spel_lr, spec.total_steps, spec.min_lr_ratio,
+                                     g["lr"])
+    if spec.freeze_after and step >= spec.freeze_after:
+        freeze_projectors(module, syncs)
+
+
+def freeze_projectors(module: nn.Module, syncs: Sequence[SharedParamSync]) -> None:
+    """A keeps its value: no gradient (so SPEL skips it) and no gradient exchange (fewer sync bytes)."""
+    for A in stiefel_parameters(module):
+        A.requires_grad_(False)
+        A.grad = None
+    for sync in syncs:
+        sync.freeze("projector.A")
+
+
+def clip_grad_norm(spec: MaplTrainingSpec, module: nn.Module, params: list[nn.Parameter],
+                   owned: list[nn.Parameter], max_norm: float, sum_pipeline: Callable[[Tensor], Tensor]) -> float:
+    """Clip ``params``' gradients by the norm over all stages of one pipeline; returns that norm.
+
+    ``owned``: the parameters this rank counts in the norm (each shared or tied weight once over the
+    pipeline); ``sum_pipeline`` sums a float64 tensor over the stages. The same factor is applied on every
+    stage. ``spec.clip`` decides A's part (module docstring).
+    """
+    clip = spec.clip
+    proj = set() if clip == "global" else {id(p) for p in stiefel_parameters(module)}
+    parts = [_sq_norm([p for p in owned if id(p) not in proj])]
+    if clip == "separate":
+        parts.append(_sq_norm([p for p in owned if id(p) in proj]))
+    sq = sum_pipeline(torch.stack(parts))  # one all-reduce of 1 or 2 numbers
+    total = math.sqrt(float(sq[0]))
+    _scale([p for p in params if id(p) not in proj], max_norm / (total + 1e-6))
+    if clip == "separate":
+        _scale([p for p in params if id(p) in proj], max_norm / (math.sqrt(float(sq[1])) + 1e-6))
+    return total
+
+
+def _sq_norm(params: list[nn.Parameter]) -> torch.Tensor:
+    """Σ ‖grad‖² over ``params`` as a float64 CPU scalar."""
+    norms = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
+    return torch.stack(norms).double().pow(2).sum().cpu() if norms else torch.zeros((), dtype=torch.float64)
+
+
+def _scale(params: list[nn.Parameter], coef: float) -> None:
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
