@@ -40,12 +40,11 @@ LocalLink (the virtual pipeline calls post on both ends, then finish on the send
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 from torch import Tensor, nn
 
 from slimpar.codecs.quant import Int8Codec, Int8Payload
+from slimpar.parallel.fingerprint import fingerprint
 from slimpar.pipeline.wire import TAG_CHECK, TAG_SYNC, TAG_TIED_CHECK, TAG_TIED_SYNC, Link, Packet, WireSpec, wait_all
 
 SYNC_DTYPES = ("int8", "bf16", "fp32")
@@ -80,12 +79,6 @@ def decode_part(parts: list[Tensor], dtype: str) -> Tensor:
     if dtype == "int8":
         return Int8Codec().decode(Int8Payload(parts[0], parts[1]))
     return parts[0].float()
-
-
-def digest(t: Tensor) -> int:
-    """8-byte BLAKE2b digest of a tensor's bytes, as a signed int64."""
-    raw = t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little", signed=True)
 
 
 class SharedParamSync:
@@ -155,7 +148,7 @@ class SharedParamSync:
     # -- checksum and resync ----------------------------------------------------------------------
     def check_post(self) -> None:
         device = self.params[0][1].device  # NCCL links carry device tensors only
-        mine = torch.tensor([digest(p) for _, p, _ in self.params], dtype=torch.int64, device=device)
+        mine = torch.tensor([fingerprint([p]) for _, p, _ in self.params], dtype=torch.int64, device=device)
         sends = self.link.isend([Packet(self.category, mine)], self.check_tag)
         (theirs,), recvs = self.link.irecv([WireSpec(self.category, tuple(mine.shape), torch.int64)], self.check_tag)
         self._pending = (mine, theirs, sends + recvs)
