@@ -25,6 +25,8 @@ class Subnet:
 
     rank: int
     held: list[int]  # plan columns held by this rank
+    regime: str = "forward"
+    skeleton: nn.Module | None = None  # the full model on the meta device, taken before the cut (for gathers)
     pieces: dict[int, list[Piece]] = field(default_factory=dict)  # column -> pieces (local slices)
     shared: list[Piece] = field(default_factory=list)
     # local tensor name -> (dim, global indices) for tensors sliced at neuron level
@@ -163,7 +165,10 @@ def apply_subnet(model: nn.Module, plan: Plan, rank: int, shared_names: list[str
     default to :func:`shared_names_of`."""
     if shared_names is None:
         shared_names = shared_names_of(model, plan)
-    sub = Subnet(rank=rank, held=[c for c in range(len(plan.components)) if plan.mask[rank, c]])
+    from slimpar.sdp.gather import meta_skeleton  # gather builds on Subnet: imported here, not at the top
+
+    sub = Subnet(rank=rank, held=[c for c in range(len(plan.components)) if plan.mask[rank, c]], regime=regime,
+                 skeleton=meta_skeleton(model))
     block_cols = [c for c, comp in enumerate(plan.components) if comp.index is None]
     if regime == "forward":
         for c in block_cols:

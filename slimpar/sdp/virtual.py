@@ -33,7 +33,6 @@ from torch import nn
 
 from slimpar.sdp.apply import Subnet, apply_subnet, shared_names_of
 from slimpar.sdp.comm import LocalComm, ring_sum
-from slimpar.sdp.gather import meta_skeleton
 from slimpar.sdp.holders import HolderSync
 from slimpar.sdp.plan import Plan
 
@@ -62,12 +61,12 @@ class VirtualSDP:
             raise ValueError(f"unknown SDP regime {regime!r}; choose 'forward' or 'backward'")
         self.plan, self.regime = plan, regime
         shared_names = shared_names or shared_names_of(model, plan)
-        self.skeleton = meta_skeleton(model)
         if device is not None:
             model.to(device)
         n = plan.world_size
         self.modules: list[nn.Module] = [model] + [copy.deepcopy(model) for _ in range(n - 1)]
         self.subs: list[Subnet] = [apply_subnet(m, plan, w, shared_names, regime) for w, m in enumerate(self.modules)]
+        self.skeleton = self.subs[0].skeleton
         if parallelize is not None:
             for m in self.modules:
                 parallelize(m)

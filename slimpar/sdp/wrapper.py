@@ -29,9 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from slimpar.sdp.apply import Subnet, apply_subnet, shared_names_of
+from slimpar.sdp.apply import Subnet, apply_subnet
 from slimpar.sdp.comm import GroupComm, LocalComm
-from slimpar.sdp.gather import meta_skeleton
 from slimpar.sdp.holders import HolderSync, holder_sets
 from slimpar.sdp.plan import Plan
 
@@ -46,8 +45,7 @@ class SubnetworkDataParallel(nn.Module):
         regime: "forward" (run the subnetwork) or "backward" (full forward, masked gradients).
         group: the group of all SDP workers, any sub-group of the world (default: WORLD when
             torch.distributed is initialized, else a single process with no communication).
-        subnet: what ``apply_subnet`` returned when the caller cut the subnetwork itself.
-        skeleton: a meta-device copy of the full model (``meta_skeleton``), needed with ``subnet``.
+        subnet: what ``apply_subnet`` returned when the caller cut the subnetwork itself (its regime wins).
         fsdp: ranks per SDP worker (FSDP2 applied by the caller over each worker's ranks).
         fsdp_does_averaging: holder-sharded FSDP2 (:mod:`slimpar.sdp.holder_fsdp`) averages gradients itself.
         bucket_mb: bucket size for gradient all-reduces; ``overlap``: launch them during backward.
@@ -57,9 +55,8 @@ class SubnetworkDataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, plan: Plan, regime: str = "forward",
                  group: dist.ProcessGroup | None = None, bucket_mb: float = 25.0, refresh_every: int = 1,
-                 overlap: bool = True, shared_names: list[str] | None = None, subnet: Subnet | None = None,
-                 skeleton: nn.Module | None = None, fsdp: int = 1, fsdp_does_averaging: bool = False,
-                 timeout: timedelta | None = None):
+                 overlap: bool = True, subnet: Subnet | None = None, fsdp: int = 1,
+                 fsdp_does_averaging: bool = False, timeout: timedelta | None = None):
         super().__init__()
         if group is None and dist.is_initialized():
             group = dist.group.WORLD
@@ -67,16 +64,15 @@ class SubnetworkDataParallel(nn.Module):
         world = dist.get_world_size(group) if group is not None else 1
         if plan.world_size * fsdp != world:
             raise ValueError(f"the plan is for {plan.world_size} workers x {fsdp} FSDP shards; the group has {world}")
+        regime = subnet.regime if subnet is not None else regime
         if fsdp > 1 and regime != "forward":
             raise ValueError("SDP with FSDP2 shards forward-masked subnetworks (regime='forward')")
-        if subnet is not None and skeleton is None:
-            raise ValueError("with subnet=, pass skeleton=meta_skeleton(full_model) taken before the cut")
         self.plan, self.regime, self.group, self.fsdp = plan, regime, group, fsdp
         self.rank, self.shard = divmod(grank, fsdp)  # SDP worker index and FSDP shard index
-        self.skeleton = [skeleton if subnet is not None else meta_skeleton(module)]  # a list: not a child
         if subnet is None:
-            subnet = apply_subnet(module, plan, self.rank, shared_names or shared_names_of(module, plan), regime)
+            subnet = apply_subnet(module, plan, self.rank, regime=regime)
         self.sub: Subnet = subnet
+        self.skeleton = [subnet.skeleton]  # a list: not a child module
         self.module = module
         comm = (GroupComm(holder_sets(plan, regime), plan.world_size, group, fsdp, timeout)
                 if group is not None else LocalComm(1))

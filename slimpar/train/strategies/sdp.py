@@ -49,7 +49,6 @@ class SDPStrategy(Strategy):
     def _wrap(self, model: nn.Module):
         """Fixed order, applied from outside: subnetwork -> activation checkpointing -> FSDP2 -> holder sync."""
         from slimpar.sdp.apply import apply_subnet
-        from slimpar.sdp.gather import meta_skeleton
         from slimpar.sdp.wrapper import SubnetworkDataParallel
 
         cfg, ctx, f = self.cfg, self.ctx, self.cfg.sdp.fsdp
@@ -57,7 +56,6 @@ class SDPStrategy(Strategy):
             # the backward regime keeps views into the full model's tensors for its refresh; moving the model
             # after they are taken would leave them pointing at the CPU copies on a GPU
             model.to(ctx.device)
-        skeleton = meta_skeleton(model)
         sub = apply_subnet(model, self.plan, ctx.rank // f, regime=cfg.sdp.regime)
         if cfg.train.activation_checkpointing:
             apply_ac(model_blocks(model))
@@ -69,7 +67,7 @@ class SDPStrategy(Strategy):
         if f > 1:
             _shard_within_workers(model, ctx, f)
         return SubnetworkDataParallel(model, self.plan, regime=cfg.sdp.regime, group=ctx.group,
-                                      refresh_every=cfg.sdp.refresh_every, subnet=sub, skeleton=skeleton, fsdp=f,
+                                      refresh_every=cfg.sdp.refresh_every, subnet=sub, fsdp=f,
                                       fsdp_does_averaging=cfg.sdp.holder_shard, timeout=ctx.timeout)
 
     @property
