@@ -16,10 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from slimpar.train.checkpoint import load_safetensors
-from tests.helpers import losses, run_train, summary
+from tests.helpers import assert_same_run, losses, run_train, stop_and_resume, summary
 
 COMMON = ["--train.steps", "3", "--eval.batches", "1", "--data.ood", "none", "--parallel.mode", "pipeline",
           "--pipeline.stages", "2", "--pipeline.microbatches", "2", "--checkpoint.final", "false",
@@ -33,26 +31,12 @@ RUNS = {
 }
 
 
-def assert_same_run(got: Path, want: Path) -> None:
-    assert len(losses(got)) == 3
-    assert losses(got) == losses(want)
-    assert summary(got)["val_loss"] == summary(want)["val_loss"]
-    a, b = load_safetensors(got / "model.safetensors"), load_safetensors(want / "model.safetensors")
-    assert set(a) == set(b)
-    for k, v in b.items():
-        assert torch.equal(a[k], v), k
-
-
 @pytest.mark.parametrize("run", list(RUNS))
 def test_pipeline_resumes_exactly(run: str, tmp_path: Path) -> None:
     straight, split = tmp_path / "straight", tmp_path / "split"
     run_train(straight, *COMMON, *RUNS[run], timeout=300)
-    run_train(split, *COMMON, *RUNS[run], "--train.stop_after", "1", timeout=300)
-    assert len(losses(split)) == 1 and not (split / "summary.json").exists()
-    first = (split / "metrics.jsonl").read_text()
-    run_train(split, *COMMON, *RUNS[run], resume=True, timeout=300)
-    # step 1's record (its wall time included) is kept: the resume started at step 2, not over
-    assert (split / "metrics.jsonl").read_text().startswith(first)
+    stop_and_resume(split, [*COMMON, *RUNS[run]], [*COMMON, *RUNS[run]], timeout=300)
+    assert len(losses(split)) == 3
     assert_same_run(split, straight)
     if run == "hybrid":
         assert summary(split)["hybrid"]["replica_checks"] == 2  # every resumed step: holders bit-identical
