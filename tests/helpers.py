@@ -33,6 +33,31 @@ def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+def stop_and_resume(out: Path, first: list[str], then: list[str], stop_after: int = 1, timeout: int = 240) -> None:
+    """``slimpar train`` with overrides ``first`` stopped (with its checkpoint) after ``stop_after`` steps, then
+    ``--resume`` with ``then``; checks that the resume began there: the records before it stay as written
+    (their wall times included), which a run that started over would have rewritten."""
+    run_train(out, *first, "--train.stop_after", str(stop_after), timeout=timeout)
+    assert len(losses(out)) == stop_after and not (out / "summary.json").exists()
+    head = (out / "metrics.jsonl").read_text()
+    run_train(out, *then, resume=True, timeout=timeout)
+    assert (out / "metrics.jsonl").read_text().startswith(head)
+
+
+def assert_same_run(got: Path, want: Path) -> None:
+    """Two finished runs are the same to the bit: logged losses, validation loss and every exported weight."""
+    import torch
+
+    from slimpar.train.checkpoint import load_safetensors
+
+    assert losses(got) == losses(want)
+    assert summary(got)["val_loss"] == summary(want)["val_loss"]
+    a, b = load_safetensors(got / "model.safetensors"), load_safetensors(want / "model.safetensors")
+    assert set(a) == set(b)
+    for k, v in b.items():
+        assert torch.equal(a[k], v), k
+
+
 # Virtual-pipeline unit tests: every stage in one process on the tiny LLaMA.
 VIRTUAL_PIPELINE = ["--model.tie_embeddings", "false", "--parallel.mode", "pipeline", "--pipeline.virtual", "true",
                     "--train.batch_size", "8", "--pipeline.schedule", "gpipe", "--eval.batches", "1"]

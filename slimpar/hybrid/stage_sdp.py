@@ -97,15 +97,17 @@ class StageSDP:
         self.holders.sync()
 
     def bytes_per_step(self) -> tuple[int, int]:
-        """(holder-set bytes, all-replica bytes) this replica feeds into one step's averaging."""
-        holder = everyone = 0
+        """(block bytes, other bytes) this replica feeds into one step's averaging: the blocks' into their holder
+        sets (a block every replica holds shares the all-replica buckets), the rest over all R replicas."""
+        blocks = rest = 0
         for b in self.holders.grad_sync.buckets if self.holders.grad_sync else []:
-            n = b.numel * next(iter(b.pieces.values()))[0].param.element_size()
-            if len(b.key) == self.replicas:
-                everyone += n
-            else:
-                holder += n
-        return holder, everyone
+            for p in b.pieces[self.me]:
+                n = p.numel * p.param.element_size()
+                if id(p.param) in self.block_ids:
+                    blocks += n
+                else:
+                    rest += n
+        return blocks, rest
 
     def counted(self, p: nn.Parameter) -> bool:
         """Whether this rank counts ``p`` in the global clip norm: blocks at their first holder, the rest

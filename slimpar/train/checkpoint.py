@@ -8,12 +8,12 @@ build different param-group lists, and index-keyed groups (``param_groups.0``) w
 across ranks as if they were replicas, losing every rank's groups but one. Data order and
 augmentation are pure functions of (seed, step), so the step is all the loader needs to resume exactly.
 
-Single, DDP, FSDP2 and SDP without FSDP (:mod:`slimpar.train.sdp_checkpoint`: one copy of each
-component, written by its first holder) all save this one *full-name* format, so each resumes from
-the others' checkpoints, SDP with any worker count, keep or plan. ``layout.json`` (listed in the
+Single, DDP, FSDP2 and SDP without FSDP, real or virtual (:mod:`slimpar.train.sdp_checkpoint`: one copy
+of each component, written by its first holder) all save this one *full-name* format, so each resumes
+from the others' checkpoints, SDP with any worker count, keep or plan. ``layout.json`` (listed in the
 manifest) records the format, the model and the parallel layout; :func:`check_layout` compares it with
 the new run's config in the launching process (exit 2) and again in every worker before DCP reads.
-Pipelines, virtual SDP and FSDP-sharded SDP keep names tied to their layout: they resume only with it.
+Pipelines and FSDP-sharded SDP keep names tied to their layout: they resume only with it.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def checkpoint_layout(cfg) -> dict:
     from dataclasses import asdict
 
     p, s, d = cfg.parallel, cfg.sdp, cfg.data
-    names = {"sdp": "sdp-virtual" if s.virtual else "sdp-fsdp" if s.fsdp > 1 or s.holder_shard else "full",
+    names = {"sdp": "sdp-fsdp" if s.fsdp > 1 or s.holder_shard else "full",
              "pipeline": "pipeline"}.get(p.mode, "full")
     model = {k: v for k, v in asdict(cfg.model).items() if k != "init_from"}  # the checkpoint supersedes init_from
     model["data"] = ({"kind": d.kind, "tokenizer": d.tokenizer, "vocab_size": d.vocab_size} if d.kind == "text"
@@ -240,7 +240,7 @@ def check_layout(path: Path, new: dict) -> None:
     if old["names"] != new["names"]:
         raise ConfigError(f"{path} was written by {_describe(old)}, whose checkpoint names ({old['names']}) a "
                           f"{_describe(new)} run cannot load; full-model checkpoints (single, DDP, FSDP2, SDP "
-                          f"without sdp.fsdp/holder_shard/virtual) load into each other; {fix}")
+                          f"without sdp.fsdp/holder_shard, virtual or not) load into each other; {fix}")
     mode = new.get("mode")
     diff = _tied_diff({k: old.get(k) for k in ("workers", "seed", mode)},
                       {k: new.get(k) for k in ("workers", "seed", mode)}, "")

@@ -25,6 +25,11 @@ two moments) until DCP has written them; other ranks one slice at a time. Loadin
 tensor of every name a rank holds (and its two moments) and keeps the rank's slice, so a rank briefly
 holds up to 3x the full model's parameters, fine at this project's sizes (llama_small: ~0.2 GB).
 
+Virtual SDP (``sdp.virtual``, :class:`VirtualSDPFullState`) writes the same checkpoint from one process:
+what the N ranks would write together, each simulated worker taking its parts; on load every worker takes
+its own slices (copies: workers in one process must not share an optimizer moment). So a virtual run
+resumes as real SDP and back, bit for bit on CPU (tests/distributed/test_sdp_virtual_resume.py).
+
 SDP with FSDP2 (``sdp.fsdp > 1`` or ``sdp.holder_shard``) keeps the DTensor format tied to its
 layout (a resume must use the same SDP config; :func:`slimpar.train.checkpoint.check_layout`).
 """
@@ -49,137 +54,241 @@ class SDPFullState:
         self.inner = wrapper.module  # the subnetwork, under the full model's parameter names
         skeleton = wrapper.skeleton[0]
         self.shapes = {n: tuple(t.shape) for n, t in skeleton.state_dict(keep_vars=True).items()}
-        plan = wrapper.plan
-        self.sliced = {n for comp in plan.components if comp.index is not None for n in comp.params + comp.buffers}
-        self.writer = _writers(plan, self.shapes)
-
-    # ------------------------------------------------------------------ names
-    def _where(self, name: str, local: torch.Tensor) -> tuple[str, int, torch.Tensor | None]:
-        """A local state-dict name -> (full name, dim, global indices of its rows/columns or None)."""
-        sub = self.wrapper.sub
-        for suffix in ("_held", "_frozen"):
-            full = name[: -len(suffix)]
-            if name.endswith(suffix) and full in sub.split:
-                dim, perm = sub.index_map[full]
-                k = local.shape[dim]
-                return full, dim, perm[:k] if suffix == "_held" else perm[perm.numel() - k:]
-        if name in sub.index_map:
-            dim, idx = sub.index_map[name]
-            return name, dim, idx
-        return name, 0, None
-
-    def _local_tensor(self, full: str, stat: str, model_sd: dict, optim_sd: dict):
-        """This rank's tensor behind ``full`` (model, or an optimizer stat) and its global indices."""
-        sub = self.wrapper.sub
-        if full in sub.split:
-            dim, perm = sub.index_map[full]
-            if stat == "model":
-                return torch.cat([model_sd[full + "_held"], model_sd[full + "_frozen"]], dim), perm
-            held = model_sd[full + "_held"]
-            return optim_sd[f"state.{full}_held.{stat}"], perm[:held.shape[dim]]
-        _, idx = sub.index_map[full]
-        return (model_sd[full] if stat == "model" else optim_sd[f"state.{full}.{stat}"]), idx
+        self.sliced, self.writer = _sliced(wrapper.plan), _writers(wrapper.plan, self.shapes)
 
     # ------------------------------------------------------------------- save
     def state_to_save(self, optimizer) -> tuple[dict, dict]:
         """This rank's share of the full-name state dicts (collective: every rank calls)."""
         model_sd, optim_sd = get_state_dict(self.inner, optimizer, options=self.options)
-        rank = self.wrapper.rank
-        out_m: dict = {}
-        out_o: dict = {}
-        for k, v in model_sd.items():
-            full, _, _ = self._where(k, v)
-            if full not in self.sliced and self.writer[full] == rank:
-                out_m[full] = v
-        for k, v in optim_sd.items():
-            kind, rest = k.split(".", 1)
-            p, key = rest.rsplit(".", 1)
-            full, _, _ = self._where(p, model_sd[p])
-            if self.writer[full] != rank or (full in self.sliced and kind == "state" and key in STATS):
-                continue
-            out_o[f"{kind}.{full}.{key}"] = v
+        out_m, out_o = _whole_entries(self.wrapper.sub, self.wrapper.rank, model_sd, optim_sd, self.writer,
+                                      self.sliced)
         for (full, stat), t in self._assemble(model_sd, optim_sd).items():
-            if stat == "model":
-                out_m[full] = t
-            else:
-                out_o[f"state.{full}.{stat}"] = t
+            _put(out_m, out_o, full, stat, t)
         return out_m, out_o
 
     @torch.no_grad()
     def _assemble(self, model_sd: dict, optim_sd: dict) -> dict[tuple[str, str], torch.Tensor]:
         """Neuron-level tensors in full shape on their writer: each group's slice from its first holder."""
-        plan, rank, group = self.wrapper.plan, self.wrapper.rank, self.wrapper.group
-        fsdp = self.wrapper.fsdp
+        rank, group, fsdp, sub = self.wrapper.rank, self.wrapper.group, self.wrapper.fsdp, self.wrapper.sub
         out: dict[tuple[str, str], torch.Tensor] = {}
-        for c, comp in enumerate(plan.components):
-            if comp.index is None:
+        for name, stat, dim, (start, stop), src in _slices(self.wrapper.plan, self.shapes):
+            writer = self.writer[name]
+            ref = model_sd.get(name, model_sd.get(name + "_held"))
+            if rank == writer and (name, stat) not in out:
+                out[(name, stat)] = torch.zeros(self.shapes[name], dtype=ref.dtype, device=ref.device)
+            if rank not in (src, writer):
                 continue
-            src, (start, stop) = plan.holders(c)[0], comp.index
-            entries = [(n, d, ("model", *STATS)) for n, d in zip(comp.params, comp.dims, strict=True)]
-            entries += [(n, d, ("model",)) for n, d in zip(comp.buffers, comp.buffer_dims, strict=True)]
-            for name, dim, stats in entries:
-                if name not in self.shapes:  # a non-persistent buffer: not saved
-                    continue
-                writer = self.writer[name]
-                for stat in stats:
-                    ref = model_sd.get(name, model_sd.get(name + "_held"))
-                    shape = list(self.shapes[name])
-                    if rank == writer and (name, stat) not in out:
-                        out[(name, stat)] = torch.zeros(shape, dtype=ref.dtype, device=ref.device)
-                    shape[dim] = stop - start
-                    if rank not in (src, writer):
-                        continue
-                    if rank == src:
-                        local, idx = self._local_tensor(name, stat, model_sd, optim_sd)
-                        pos = int((idx == start).nonzero()[0])
-                        piece = local.narrow(dim, pos, stop - start).contiguous()
-                    else:
-                        piece = torch.empty(shape, dtype=ref.dtype, device=ref.device)
-                    if group is not None and src != writer:  # point to point: only the writer needs it
-                        if rank == src:
-                            dist.send(piece, group=group, group_dst=writer * fsdp)
-                        elif rank == writer:
-                            dist.recv(piece, group=group, group_src=src * fsdp)
-                    if rank == writer:
-                        out[(name, stat)].narrow(dim, start, stop - start).copy_(piece)
+            if rank == src:
+                piece = _piece(sub, name, stat, model_sd, optim_sd, dim, start, stop)
+            else:
+                shape = list(self.shapes[name])
+                shape[dim] = stop - start
+                piece = torch.empty(shape, dtype=ref.dtype, device=ref.device)
+            if group is not None and src != writer:  # point to point: only the writer needs it
+                if rank == src:
+                    dist.send(piece, group=group, group_dst=writer * fsdp)
+                elif rank == writer:
+                    dist.recv(piece, group=group, group_src=src * fsdp)
+            if rank == writer:
+                out[(name, stat)].narrow(dim, start, stop - start).copy_(piece)
         return out
 
     # ------------------------------------------------------------------- load
     def load_from(self, path: Path, optimizer, group=None) -> None:
         """Take this rank's subnetwork (and the matching optimizer slices) from full-name state."""
         model_sd, optim_sd = get_state_dict(self.inner, optimizer, options=self.options)
-        want_m: dict = {}
-        want_o: dict = {}
-        where: dict[str, tuple[str, str, int, torch.Tensor | None]] = {}  # local key -> (section, full key, dim, idx)
-        for k, v in model_sd.items():
-            full, dim, idx = self._where(k, v)
-            want_m.setdefault(full, torch.empty(self.shapes[full], dtype=v.dtype, device=v.device))
-            where[k] = ("model", full, dim, idx)
-        for k, v in optim_sd.items():
-            kind, rest = k.split(".", 1)
-            p, key = rest.rsplit(".", 1)
-            full, dim, idx = self._where(p, model_sd[p])
-            fk = f"{kind}.{full}.{key}"
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
-                want_o[fk] = torch.empty(self.shapes[full], dtype=v.dtype, device=v.device)
-            else:
-                want_o[fk] = v.clone() if isinstance(v, torch.Tensor) else v
-                idx = None
-            where["optim:" + k] = ("optim", fk, dim, idx)
-        state = {"model": want_m, "optim": want_o}
+        state: dict = {"model": {}, "optim": {}}
+        where = _request(self.wrapper.sub, model_sd, optim_sd, self.shapes, state)
         dcp.load(state, checkpoint_id=str(path), process_group=group)
-        for k in list(model_sd):
-            model_sd[k] = _take(state, *where[k])
-        for k in list(optim_sd):
-            optim_sd[k] = _take(state, *where["optim:" + k])
+        model_sd, optim_sd = _taken(state, where, model_sd, optim_sd)
         set_state_dict(self.inner, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
                        options=self.options)
 
 
-def _take(state: dict, section: str, key: str, dim: int, idx: torch.Tensor | None):
+class VirtualSDPFullState:
+    """The same full-name checkpoint for virtual SDP (``sdp.virtual``): all N simulated workers in this process.
+
+    ``container`` names worker w's module ``worker{w}.module`` (the trainer's one optimizer is over all of
+    them). Saving writes what the N-process run's ranks would write together: every whole tensor from its
+    writer (a component's first holder, worker 0 for the shared part), every neuron-level tensor assembled
+    from each group's first holder; loading gives each worker its own subnetwork and optimizer slices. So a
+    virtual run resumes a real SDP (or single, DDP, FSDP2) checkpoint and a real run resumes a virtual one.
+    ``shapes``: the full model's state-dict shapes (taken before the subnetworks were cut). Uses only
+    ``VirtualSDP.plan`` and ``.subs``.
+    """
+
+    def __init__(self, virtual, container, shapes: dict[str, tuple[int, ...]], options):
+        self.virtual, self.container, self.shapes, self.options = virtual, container, shapes, options
+        self.sliced, self.writer = _sliced(virtual.plan), _writers(virtual.plan, shapes)
+
+    def _per_worker(self, model_sd: dict, optim_sd: dict) -> list[tuple[dict, dict]]:
+        """The container's state dicts split by worker, keys without ``worker{w}.module.``."""
+        out: list[tuple[dict, dict]] = [({}, {}) for _ in self.virtual.subs]
+        for k, v in model_sd.items():
+            w, local = _unprefix(k)
+            out[w][0][local] = v
+        for k, v in optim_sd.items():
+            kind, rest = k.split(".", 1)
+            w, local = _unprefix(rest)
+            out[w][1][f"{kind}.{local}"] = v
+        return out
+
+    @torch.no_grad()
+    def state_to_save(self, optimizer) -> tuple[dict, dict]:
+        """The full-name state dicts, one copy of every tensor (nothing is communicated)."""
+        per = self._per_worker(*get_state_dict(self.container, optimizer, options=self.options))
+        out_m: dict = {}
+        out_o: dict = {}
+        for w, (sub, (model_sd, optim_sd)) in enumerate(zip(self.virtual.subs, per, strict=True)):
+            m, o = _whole_entries(sub, w, model_sd, optim_sd, self.writer, self.sliced)
+            out_m.update(m)
+            out_o.update(o)
+        full: dict[tuple[str, str], torch.Tensor] = {}
+        for name, stat, dim, (start, stop), src in _slices(self.virtual.plan, self.shapes):
+            piece = _piece(self.virtual.subs[src], name, stat, *per[src], dim, start, stop)
+            if (name, stat) not in full:
+                full[(name, stat)] = torch.zeros(self.shapes[name], dtype=piece.dtype, device=piece.device)
+            full[(name, stat)].narrow(dim, start, stop - start).copy_(piece)
+        for (name, stat), t in full.items():
+            _put(out_m, out_o, name, stat, t)
+        return out_m, out_o
+
+    def load_from(self, path: Path, optimizer, group=None) -> None:
+        """Every simulated worker takes its subnetwork and optimizer slices from one read of the full state."""
+        model_sd, optim_sd = get_state_dict(self.container, optimizer, options=self.options)
+        per = self._per_worker(model_sd, optim_sd)
+        state: dict = {"model": {}, "optim": {}}
+        wheres = [_request(sub, m, o, self.shapes, state) for sub, (m, o) in zip(self.virtual.subs, per, strict=True)]
+        dcp.load(state, checkpoint_id=str(path), process_group=group)
+        for w, ((m, o), where) in enumerate(zip(per, wheres, strict=True)):
+            m, o = _taken(state, where, m, o, own=True)
+            model_sd.update({f"worker{w}.module.{k}": v for k, v in m.items()})
+            optim_sd.update({f"{k.split('.', 1)[0]}.worker{w}.module.{k.split('.', 1)[1]}": v for k, v in o.items()})
+        set_state_dict(self.container, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                       options=self.options)
+
+
+# ---------------------------------------------------------------- one worker's names (sub: its Subnet)
+def _where(sub, name: str, local: torch.Tensor) -> tuple[str, int, torch.Tensor | None]:
+    """A local state-dict name -> (full name, dim, global indices of its rows/columns or None)."""
+    for suffix in ("_held", "_frozen"):
+        full = name[: -len(suffix)]
+        if name.endswith(suffix) and full in sub.split:
+            dim, perm = sub.index_map[full]
+            k = local.shape[dim]
+            return full, dim, perm[:k] if suffix == "_held" else perm[perm.numel() - k:]
+    if name in sub.index_map:
+        dim, idx = sub.index_map[name]
+        return name, dim, idx
+    return name, 0, None
+
+
+def _local_tensor(sub, full: str, stat: str, model_sd: dict, optim_sd: dict):
+    """The worker's tensor behind ``full`` (model, or an optimizer stat) and its global indices."""
+    if full in sub.split:
+        dim, perm = sub.index_map[full]
+        if stat == "model":
+            return torch.cat([model_sd[full + "_held"], model_sd[full + "_frozen"]], dim), perm
+        held = model_sd[full + "_held"]
+        return optim_sd[f"state.{full}_held.{stat}"], perm[:held.shape[dim]]
+    _, idx = sub.index_map[full]
+    return (model_sd[full] if stat == "model" else optim_sd[f"state.{full}.{stat}"]), idx
+
+
+def _piece(sub, name: str, stat: str, model_sd: dict, optim_sd: dict, dim: int, start: int, stop: int):
+    """The worker's slice [start, stop) (global indices along ``dim``) of ``name``'s model tensor or stat."""
+    local, idx = _local_tensor(sub, name, stat, model_sd, optim_sd)
+    pos = int((idx == start).nonzero()[0])
+    return local.narrow(dim, pos, stop - start).contiguous()
+
+
+def _whole_entries(sub, rank: int, model_sd: dict, optim_sd: dict, writer: dict, sliced: set) -> tuple[dict, dict]:
+    """Worker ``rank``'s entries it writes whole, under full names (sliced tensors' stats come assembled)."""
+    out_m: dict = {}
+    out_o: dict = {}
+    for k, v in model_sd.items():
+        full, _, _ = _where(sub, k, v)
+        if full not in sliced and writer[full] == rank:
+            out_m[full] = v
+    for k, v in optim_sd.items():
+        kind, rest = k.split(".", 1)
+        p, key = rest.rsplit(".", 1)
+        full, _, _ = _where(sub, p, model_sd[p])
+        if writer[full] != rank or (full in sliced and kind == "state" and key in STATS):
+            continue
+        out_o[f"{kind}.{full}.{key}"] = v
+    return out_m, out_o
+
+
+def _put(out_m: dict, out_o: dict, full: str, stat: str, t: torch.Tensor) -> None:
+    if stat == "model":
+        out_m[full] = t
+    else:
+        out_o[f"state.{full}.{stat}"] = t
+
+
+def _request(sub, model_sd: dict, optim_sd: dict, shapes: dict, state: dict) -> dict:
+    """Add the full-name tensors a worker needs to ``state`` (DCP reads into them); returns, per local key,
+    where its value comes from: (section, full key, dim, global indices or None)."""
+    want_m, want_o = state["model"], state["optim"]
+    where: dict[str, tuple[str, str, int, torch.Tensor | None]] = {}
+    for k, v in model_sd.items():
+        full, dim, idx = _where(sub, k, v)
+        want_m.setdefault(full, torch.empty(shapes[full], dtype=v.dtype, device=v.device))
+        where[k] = ("model", full, dim, idx)
+    for k, v in optim_sd.items():
+        kind, rest = k.split(".", 1)
+        p, key = rest.rsplit(".", 1)
+        full, dim, idx = _where(sub, p, model_sd[p])
+        fk = f"{kind}.{full}.{key}"
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            want_o.setdefault(fk, torch.empty(shapes[full], dtype=v.dtype, device=v.device))
+        else:
+            want_o[fk] = v.clone() if isinstance(v, torch.Tensor) else v
+            idx = None
+        where["optim:" + k] = ("optim", fk, dim, idx)
+    return where
+
+
+def _taken(state: dict, where: dict, model_sd: dict, optim_sd: dict, own: bool = False) -> tuple[dict, dict]:
+    """The worker's state dicts with every value taken from the loaded full state; ``own``: whole tensors
+    copied, so that workers in one process do not share one optimizer moment (AdamW would update it N times)."""
+    return ({k: _take(state, *where[k], own) for k in model_sd},
+            {k: _take(state, *where["optim:" + k], own) for k in optim_sd})
+
+
+def _unprefix(key: str) -> tuple[int, str]:
+    """``worker{w}.module.<name>`` -> (w, name)."""
+    head, _, local = key.split(".", 2)
+    return int(head[len("worker"):]), local
+
+
+def _slices(plan, shapes: dict):
+    """(name, stat, dim, (start, stop), first holder) of every neuron-level slice to save, in plan order
+    (the same on every rank: the real run's point-to-point sends follow it)."""
+    for c, comp in enumerate(plan.components):
+        if comp.index is None:
+            continue
+        src = plan.holders(c)[0]
+        entries = [(n, d, ("model", *STATS)) for n, d in zip(comp.params, comp.dims, strict=True)]
+        entries += [(n, d, ("model",)) for n, d in zip(comp.buffers, comp.buffer_dims, strict=True)]
+        for name, dim, stats in entries:
+            if name not in shapes:  # a non-persistent buffer: not saved
+                continue
+            for stat in stats:
+                yield name, stat, dim, comp.index, src
+
+
+def _sliced(plan) -> set[str]:
+    return {n for comp in plan.components if comp.index is not None for n in comp.params + comp.buffers}
+
+
+def _take(state: dict, section: str, key: str, dim: int, idx: torch.Tensor | None, own: bool = False):
     v = state[section][key]
-    if idx is None or not isinstance(v, torch.Tensor):
+    if not isinstance(v, torch.Tensor):
         return v
+    if idx is None:
+        return v.clone() if own else v
     return v.index_select(dim, idx.to(v.device))
 
 

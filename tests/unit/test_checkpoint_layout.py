@@ -44,3 +44,17 @@ def test_a_tied_field_that_differs_is_named_with_both_values(tmp_path, overrides
     with pytest.raises(ConfigError, match="a layout its checkpoint is tied to") as e:
         check_layout(saved, _layout(*overrides))
     assert named in str(e.value) and "--fresh" in str(e.value)
+
+
+def test_virtual_and_real_sdp_checkpoints_load_into_each_other(tmp_path):
+    """Virtual SDP writes the full-name format too (slimpar.train.sdp_checkpoint.VirtualSDPFullState)."""
+    sdp = ["--parallel.mode", "sdp", "--sdp.level", "neuron"]
+    real = checkpoint_layout(load_run_config(TINY, [*sdp, "--parallel.workers", "4"]))
+    virtual = checkpoint_layout(load_run_config(TINY, [*sdp, "--parallel.workers", "1", "--sdp.virtual", "true",
+                                                       "--sdp.virtual_workers", "2"]))
+    assert real["names"] == virtual["names"] == "full"
+    check_layout(_written(tmp_path, real), virtual)
+    check_layout(_written(tmp_path, virtual), real)
+    old = dict(virtual, names="sdp-virtual")  # an older slimpar's per-worker names
+    with pytest.raises(ConfigError, match="cannot load"):
+        check_layout(_written(tmp_path, old), virtual)

@@ -34,7 +34,7 @@ class VirtualSDPStrategy(SDPStrategy):
 
     def __init__(self, cfg, model: nn.Module, ctx):
         super().__init__(cfg, model, ctx)  # the plan over sdp.virtual_workers, then _wrap
-        # parameter names as in the real run's per-worker checkpoints: worker{w}.module.<name>
+        # worker w's parameters as worker{w}.module.<name> (the trainer's one optimizer is over all of them)
         self.model = nn.ModuleDict({f"worker{w}": nn.ModuleDict({"module": m})
                                     for w, m in enumerate(self.wrapper.modules)})
         self.module = self.model
@@ -51,12 +51,18 @@ class VirtualSDPStrategy(SDPStrategy):
             if cfg.train.activation_checkpointing:
                 apply_ac(model_blocks(m))
 
+        self.shapes = {k: tuple(t.shape) for k, t in model.state_dict().items()}  # before the subnetworks are cut
         return VirtualSDP(model, self.plan, regime=cfg.sdp.regime, refresh_every=cfg.sdp.refresh_every,
                           device=self.ctx.device, parallelize=parallelize)
 
     @property
-    def checkpoint_module(self) -> nn.Module:
-        return self.model
+    def checkpoint_module(self):
+        """The real SDP run's checkpoint format: one copy of the full model and its optimizer state under
+        the model's own names (slimpar.train.sdp_checkpoint), so a real run resumes it and it resumes theirs."""
+        from slimpar.train.checkpoint import OPTIONS
+        from slimpar.train.sdp_checkpoint import VirtualSDPFullState
+
+        return VirtualSDPFullState(self.wrapper, self.model, self.shapes, OPTIONS)
 
     def no_sync(self):
         return contextlib.nullcontext()
