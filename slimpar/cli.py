@@ -1,4 +1,4 @@
-"""``slimpar`` command line: train, eval, plan, bench.
+"""``slimpar`` command line: train, eval, export, plan, bench.
 
 Every subcommand validates its whole configuration first; a bad input prints one message that
 names the fix and exits with code 2 before any process group is created or any file is written.
@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from slimpar import __version__
 from slimpar.config import DEFAULT_CONFIG, Config, ConfigError, config_help
 
 
@@ -97,7 +98,9 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slimpar", description=__doc__.splitlines()[0])
+    # the module docstring's first line without its reST markup: help prints it as plain text
+    p = argparse.ArgumentParser(prog="slimpar", description=__doc__.splitlines()[0].replace("``", ""))
+    p.add_argument("--version", action="version", version=f"slimpar {__version__}")
     sub = p.add_subparsers(dest="command")
     fields = {"epilog": config_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
     t = sub.add_parser("train", help="train a model (no arguments: the embedded default run)",
