@@ -41,7 +41,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     validate(cfg)  # after the world size is known: under torchrun it is WORLD_SIZE
     from slimpar.train.launch import default_run_folder, launch
 
-    out = Path(args.out) if args.out else default_run_folder(config)
+    out = Path(args.out) if args.out else default_run_folder(config, cfg)
     if cfg.checkpoint.resume:  # the checkpoint a resume would load must fit this run (layout.json): exit 2
         from slimpar.train.checkpoint import check_resume
 
