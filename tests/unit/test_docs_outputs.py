@@ -17,3 +17,9 @@ def test_custom_data_validation_split_is_documented():
     assert "--data.corpus path" in data and tail in data
     (line,) = [ln for ln in config_help().splitlines() if ln.strip().startswith("--data.path ")]
     assert tail in config_help().split(line, 1)[1].splitlines()[1]  # the field's comment under it in --help
+
+
+def test_rescale_rows_of_the_summary_are_documented():
+    (row,) = [ln for ln in OUTPUTS.splitlines() if "_rescale_survival" in ln and ln.startswith("|")]
+    for words in ("`val_*_rescale_none`", "sdp.eval_rescale", "k_c / N", "val loss rescale survival"):
+        assert words in row, words
