@@ -70,7 +70,7 @@ def _eval(args: argparse.Namespace, rest: list[str]) -> int:
             raise ConfigError(f"unexpected arguments with --lm-eval: {' '.join(rest)}")
         from slimpar.train.lm_eval_run import lm_eval_command
 
-        return lm_eval_command(args.run, args.lm_eval, args.limit)
+        return lm_eval_command(args.run, args.lm_eval, args.limit, args.verbose)
     from slimpar.train.evaluate_run import evaluate_run
 
     evaluate_run(Path(args.run), rest)
@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate with lm-evaluation-harness instead: 'slimpar' (all local tasks: shakespeare_bpb, "
                         "wikipedia_bpb, shakespeare_nextline) and/or lm-eval task names found in the local cache")
     e.add_argument("--limit", type=int, help="with --lm-eval: at most this many documents per task")
+    e.add_argument("--verbose", action="store_true",
+                   help="with --lm-eval: show the progress bars of lm-eval, datasets and transformers (hidden)")
     e.set_defaults(func=_eval)
     x = sub.add_parser("export", help="write a finished run in another format (Hugging Face LLaMA)")
     x.add_argument("--hf", nargs=2, metavar=("RUN", "OUT"), required=True,
