@@ -1,4 +1,4 @@
-"""``slimpar`` command line: train, eval, plan, bench.
+"""``slimpar`` command line: train, eval, export, plan, bench.
 
 Every subcommand validates its whole configuration first; a bad input prints one message that
 names the fix and exits with code 2 before any process group is created or any file is written.
@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from slimpar import __version__
 from slimpar.config import DEFAULT_CONFIG, Config, ConfigError, config_help
 
 
@@ -40,7 +41,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     validate(cfg)  # after the world size is known: under torchrun it is WORLD_SIZE
     from slimpar.train.launch import default_run_folder, launch
 
-    out = Path(args.out) if args.out else default_run_folder(config)
+    out = Path(args.out) if args.out else default_run_folder(config, cfg)
     if cfg.checkpoint.resume:  # the checkpoint a resume would load must fit this run (layout.json): exit 2
         from slimpar.train.checkpoint import check_resume
 
@@ -69,7 +70,7 @@ def _eval(args: argparse.Namespace, rest: list[str]) -> int:
             raise ConfigError(f"unexpected arguments with --lm-eval: {' '.join(rest)}")
         from slimpar.train.lm_eval_run import lm_eval_command
 
-        return lm_eval_command(args.run, args.lm_eval, args.limit)
+        return lm_eval_command(args.run, args.lm_eval, args.limit, args.verbose)
     from slimpar.train.evaluate_run import evaluate_run
 
     evaluate_run(Path(args.run), rest)
@@ -97,7 +98,9 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slimpar", description=__doc__.splitlines()[0])
+    # the module docstring's first line without its reST markup: help prints it as plain text
+    p = argparse.ArgumentParser(prog="slimpar", description=__doc__.splitlines()[0].replace("``", ""))
+    p.add_argument("--version", action="version", version=f"slimpar {__version__}")
     sub = p.add_subparsers(dest="command")
     fields = {"epilog": config_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
     t = sub.add_parser("train", help="train a model (no arguments: the embedded default run)",
@@ -123,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate with lm-evaluation-harness instead: 'slimpar' (all local tasks: shakespeare_bpb, "
                         "wikipedia_bpb, shakespeare_nextline) and/or lm-eval task names found in the local cache")
     e.add_argument("--limit", type=int, help="with --lm-eval: at most this many documents per task")
+    e.add_argument("--verbose", action="store_true",
+                   help="with --lm-eval: show the progress bars of lm-eval, datasets and transformers (hidden)")
     e.set_defaults(func=_eval)
     x = sub.add_parser("export", help="write a finished run in another format (Hugging Face LLaMA)")
     x.add_argument("--hf", nargs=2, metavar=("RUN", "OUT"), required=True,

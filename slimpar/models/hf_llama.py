@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from slimpar.models.llama import Llama, LlamaConfig
+from slimpar.utils import chmod_as_created
 
 # slimpar's block-relative names -> HF's (under "model.layers.{i}.")
 _BLOCK_NAMES = {
@@ -110,6 +111,7 @@ def save_hf(state: dict[str, torch.Tensor], cfg: LlamaConfig, out_dir: Path) -> 
     (out_dir / "config.json").write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
     save_file(to_hf_state_dict(state, cfg.tie_embeddings), str(out_dir / "model.safetensors"),
               metadata={"format": "pt"})
+    chmod_as_created(out_dir / "model.safetensors")  # save_file leaves 0600
     return [out_dir / "config.json", out_dir / "model.safetensors"]
 
 

@@ -86,6 +86,7 @@ class Plan:
     min_holders: int = 1
     balance: str = "bytes"
     memory: MemoryPrediction | None = None  # planned from memory budgets: each worker's predicted peak
+    keep_asked: tuple[float, ...] | None = None  # C_i as asked (None: an explicit mask or memory budgets)
 
     def __post_init__(self) -> None:
         if self.mask.shape != (self.world_size, len(self.components)):
@@ -149,8 +150,23 @@ class Plan:
         return masking_error(self.mask)
 
     def warnings(self) -> list[str]:
-        return [] if self.connected else ["mask graph disconnected (spectral gap 0): some groups of "
-                                          "workers never average any component together"]
+        out = [] if self.connected else ["mask graph disconnected (spectral gap 0): some groups of "
+                                         "workers never average any component together"]
+        return out + self._rounded_keeps()
+
+    def _rounded_keeps(self) -> list[str]:
+        """Where a worker holds another share than asked: a keep is rounded to whole components."""
+        if self.keep_asked is None:
+            return []
+        k = len(self.components)
+        unit = "blocks" if all(c.index is None for c in self.components) else "unit groups"
+        rounded: dict[tuple[float, int], list[int]] = {}
+        for i, (asked, held) in enumerate(zip(self.keep_asked, self.mask.sum(1).tolist(), strict=True)):
+            if abs(asked - held / k) > 1e-9:
+                rounded.setdefault((asked, int(held)), []).append(i)
+        return [f"keep {asked:.3g} asked, worker{'s' if len(ws) > 1 else ''} {_spans(ws)} "
+                f"hold{'' if len(ws) > 1 else 's'} {held / k:.3g} ({held} of {k} whole {unit})"
+                for (asked, held), ws in rounded.items()]
 
     def report(self) -> dict:
         """JSON-ready summary: mask, k_c, C_i, bytes per rank, connectivity, rho, masking error."""
@@ -164,6 +180,7 @@ class Plan:
             "distinct_holder_sets": [list(s) for s in self.distinct_holder_sets],
             "connected": self.connected, "spectral_gap": self.spectral_gap,
             "masking_error": self.masking_error, "warnings": self.warnings(),
+            "keep_asked": None if self.keep_asked is None else list(self.keep_asked),
         }
 
     def table(self) -> str:
@@ -181,6 +198,17 @@ class Plan:
                      f"connected {self.connected}; spectral gap {self.spectral_gap:.4f}; "
                      f"masking error {self.masking_error:.4f}")
         return "\n".join(lines + self.warnings())
+
+
+def _spans(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
 
 
 def _validate_keep(keep: float | Sequence[float] | None, n: int, min_holders: int) -> list[Fraction]:
@@ -283,10 +311,12 @@ def plan_components(components: list[Component], shared_bytes: int, world_size: 
     if (assignment == "explicit") != (mask is not None):
         raise PlanError(f"assignment={assignment!r} with mask={'given' if mask is not None else None}: an "
                         "explicit N x K 0/1 mask (or load_mask_file(path)) goes with assignment='explicit'")
+    asked = None
     if mask is not None:
         m = _validate_mask(mask, world_size, components, min_holders)
     else:
         fr = _validate_keep(keep, world_size, min_holders)
+        asked = tuple(float(c) for c in fr)
         w = _weights(components, balance)
         if assignment == "cyclic":
             m = cyclic_mask(w, fr, min_holders)
@@ -295,7 +325,7 @@ def plan_components(components: list[Component], shared_bytes: int, world_size: 
         else:
             raise PlanError(f"unknown assignment {assignment!r}; choose cyclic, random or explicit")
     return Plan(list(components), m, int(shared_bytes), seed, assignment, world_size,
-                tuple(shared_params), shared_numel, min_holders, balance)
+                tuple(shared_params), shared_numel, min_holders, balance, keep_asked=asked)
 
 
 def analytic_bytes_per_step(plan: Plan, rank: int, elem_bytes: int | None = 4) -> dict:

@@ -68,9 +68,11 @@ def plan_model(model: nn.Module, world_size: int, keep: Keep = None, *, level: L
                            shared_numel=sum(params[k].numel() for k in shared), holder_sets=holder_sets)
     if assignment != rule:
         plan.assignment = f"{rule} per layer"
+        plan.keep_asked = tuple(float(c) for c in np.broadcast_to(keep, world_size))  # validated per layer
     if activations is not None:
         budgets, per_block, fixed = activations
         plan.memory = budget.predict_memory(plan, budgets, tokens_per_worker, per_block, fixed)
+        plan.keep_asked = None  # the budgets were asked, not a keep: C_i = m_i / K holds whole blocks anyway
     return plan
 
 

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from slimpar.config import ConfigError
 from slimpar.train.manifest import ManifestError, verify_manifest, write_manifest
+from slimpar.utils import chmod_as_created
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # keys by parameter name: see above
 
@@ -265,6 +266,7 @@ def export_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dic
         tensors[name] = t.detach().contiguous().cpu()
     meta = dict(metadata, tied=json.dumps(tied))
     save_file(tensors, str(path), metadata=meta)
+    chmod_as_created(path)  # save_file leaves 0600
     write_manifest(path.parent, [path.name])  # the run folder's manifest.json: verified by eval and export
 
 

@@ -11,6 +11,7 @@ restart resumes from the newest complete checkpoint by itself.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 import uuid
@@ -30,8 +31,20 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
-def default_run_folder(config_name: str) -> Path:
-    """``runs/<config>-<time>``, the folder of a run started without ``--out``, the same on every rank.
+def run_name(config_name: str, cfg: Config | None = None) -> str:
+    """What a run folder is named after: the config (not ``default``, which says nothing) and, for the
+    user's own data (``data.corpus = "path"``), the data file or folder: ``mytext`` for the default config
+    on ``mytext.txt``, ``llama_small-mytext`` for ``--config llama_small``."""
+    parts = [Path(config_name).stem]
+    if cfg is not None and cfg.data.kind == "text" and cfg.data.corpus == "path" and cfg.data.path:
+        data = Path(cfg.data.path).expanduser().resolve()
+        stem = data.stem if data.is_file() else data.name
+        parts = [p for p in parts if p != "default"] + [re.sub(r"[^A-Za-z0-9._-]+", "_", stem) or "data"]
+    return "-".join(parts)
+
+
+def default_run_folder(config_name: str, cfg: Config | None = None) -> Path:
+    """``runs/<name>-<time>`` (:func:`run_name`), the folder of a run started without ``--out``, the same on every rank.
 
     Outside torchrun the launching process chooses it. Under torchrun every rank runs this, and the
     ranks' clocks (a 1.5 s start skew is common) would give different names, scattering checkpoint
@@ -45,7 +58,7 @@ def default_run_folder(config_name: str) -> Path:
     (and resume) one folder. Without the agent's store (another launcher) there is no safe choice:
     ``--out`` is then required.
     """
-    name = Path(f"runs/{Path(config_name).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    name = Path(f"runs/{run_name(config_name, cfg)}-{time.strftime('%Y%m%d-%H%M%S')}")
     if not under_torchrun():
         return name
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,7 @@ def _validate_model(cfg: Config) -> None:
 def _validate_data(cfg: Config) -> None:
     d = cfg.data
     if d.kind == "text":
-        _choice("data.corpus", d.corpus, ("shakespeare", "path"))
+        _check_corpus(d.corpus)
         _choice("data.tokenizer", d.tokenizer, ("bpe", "gpt2"))
         _choice("data.ood", d.ood, ("wikipedia", "none"))
         if d.vocab_size < 300 and d.tokenizer == "bpe":
@@ -201,6 +202,16 @@ def _validate_data(cfg: Config) -> None:
     from slimpar.data.sources import check_available
 
     check_available(cfg)
+
+
+def _check_corpus(corpus: str) -> None:
+    """A corpus that is not a known name is most often the user's own file given in the wrong field."""
+    if corpus in ("shakespeare", "path"):
+        return
+    looks_like_path = any(c in corpus for c in "/\\.~") or Path(corpus).expanduser().exists()
+    path = shlex.quote(corpus) if looks_like_path else "FILE_OR_FOLDER"
+    raise ConfigError(f"data.corpus = {corpus!r} is not one of: shakespeare, path; for your own text file, folder "
+                      f"of .txt files or .npy/.bin tokens use --data.corpus path --data.path {path}")
 
 
 def _validate_batch(cfg: Config) -> None:

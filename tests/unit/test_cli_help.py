@@ -45,3 +45,22 @@ def test_unknown_config_names_the_packaged_ones(tmp_path):
         resolve_config_path("llama_huge")
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_version_prints_the_version_not_the_help(capsys):
+    from slimpar import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"slimpar {__version__}"
+
+
+def test_top_level_help_is_plain_text_and_names_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out  # the docstring's reST markup is not shown
+    (description,) = [ln for ln in out.splitlines() if ln.startswith("slimpar command line:")]
+    for command in ("train", "eval", "export", "plan", "bench"):
+        assert command in description

@@ -148,9 +148,10 @@ class DDPStrategy(Strategy):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         # Buffers are broadcast from rank 0 each forward only where they carry state (BatchNorm
-        # statistics); LLaMA's rotary tables are constants and would only add traffic.
+        # statistics); LLaMA's rotary tables are constants and would only add traffic. torch's name for
+        # this is forward_sync_buffers (broadcast_buffers warns); buffers are still synced once at init.
         has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
-        self.module = DDP(model, process_group=group, gradient_as_bucket_view=True, broadcast_buffers=has_bn)
+        self.module = DDP(model, process_group=group, gradient_as_bucket_view=True, forward_sync_buffers=has_bn)
 
     def no_sync(self):
         return self.module.no_sync()

@@ -1,0 +1,25 @@
+"""What a run prints and writes is documented where a user looks (README, docs/outputs.md), with the code's numbers."""
+
+from pathlib import Path
+
+from slimpar.config import config_help
+from slimpar.data.text import VAL_FRACTION
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTPUTS = (ROOT / "docs" / "outputs.md").read_text()
+README = (ROOT / "README.md").read_text()
+
+
+def test_custom_data_validation_split_is_documented():
+    tail = f"last {round(VAL_FRACTION * 100)}%"  # the code's fraction, not a number copied into the test
+    assert tail in OUTPUTS and 'data.corpus = "path"' in OUTPUTS
+    data = README.split("## Data", 1)[1].split("\n## ", 1)[0]
+    assert "--data.corpus path" in data and tail in data
+    (line,) = [ln for ln in config_help().splitlines() if ln.strip().startswith("--data.path ")]
+    assert tail in config_help().split(line, 1)[1].splitlines()[1]  # the field's comment under it in --help
+
+
+def test_rescale_rows_of_the_summary_are_documented():
+    (row,) = [ln for ln in OUTPUTS.splitlines() if "_rescale_survival" in ln and ln.startswith("|")]
+    for words in ("`val_*_rescale_none`", "sdp.eval_rescale", "k_c / N", "val loss rescale survival"):
+        assert words in row, words
