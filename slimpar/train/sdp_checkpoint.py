@@ -35,8 +35,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from slimpar.train.safe_dcp import dcp_load
 
 STATS = ("exp_avg", "exp_avg_sq")  # AdamW's per-element state, shaped like its parameter
 
@@ -167,7 +168,7 @@ class SDPFullState:
                 idx = None
             where["optim:" + k] = ("optim", fk, dim, idx)
         state = {"model": want_m, "optim": want_o}
-        dcp.load(state, checkpoint_id=str(path), process_group=group)
+        dcp_load(state, path, group)  # unpickles nothing but DCP's metadata classes and plain data
         for k in list(model_sd):
             model_sd[k] = _take(state, *where[k])
         for k in list(optim_sd):
