@@ -46,6 +46,9 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
         from slimpar.train.checkpoint import check_resume
 
         check_resume(out, cfg)
+        from slimpar.train.init_from import check_init_from
+
+        check_init_from(cfg, out)  # the init_from folder still holds what the run first started from
     launch(cfg, out)
     return 0
 
@@ -113,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "holds one, else start at step 0; metrics.jsonl is cut back to that checkpoint's step")
     start.add_argument("--fresh", action="store_true",
                        help="start over in --out: after validation passes, delete its checkpoints/, metrics.jsonl, "
-                            "summary.json, model.safetensors, manifest.json and eval.json (the config's "
-                            "checkpoint.resume = false)")
+                            "summary.json, model.safetensors, manifest.json, eval.json and init_from.json (the "
+                            "config's checkpoint.resume = false)")
     t.add_argument("--max-restarts", dest="max_restarts", type=int, metavar="N",
                    help="restart all workers after a failure (a killed or hung worker) up to N times; each restart "
                         "resumes from the newest checkpoint (the config's parallel.max_restarts; under torchrun "

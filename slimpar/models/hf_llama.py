@@ -123,7 +123,7 @@ def read_hf_config(folder: str | Path) -> LlamaConfig:
                             "supported; re-save with save_pretrained(..., max_shard_size='100GB'))")
     try:
         return llama_config_from_hf(json.loads((folder / "config.json").read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise HFFormatError(f"{folder / 'config.json'} is not a LLaMA config ({e!r})") from None
 
 

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from slimpar.config import ConfigError
 from slimpar.train.manifest import ManifestError, verify_manifest, write_manifest
+from slimpar.train.safe_dcp import dcp_load, read_dcp_metadata
 from slimpar.utils import chmod_as_created
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # keys by parameter name: see above
@@ -100,8 +101,9 @@ def prune_checkpoints(out_dir: Path, keep_last: int) -> list[Path]:
 
 def load_checkpoint(path: Path, model, optimizer, group=None, layout: dict | None = None) -> int:
     """Load into ``model``/``optimizer`` in place; returns the number of steps already done.
-    The folder is verified first (:func:`verify_checkpoint`): DCP unpickles ``.metadata``; with this
-    run's ``layout``, the checkpoint's must be loadable by it (:func:`check_layout`)."""
+    The folder is verified first (:func:`verify_checkpoint`); with this run's ``layout``, the checkpoint's
+    must be loadable by it (:func:`check_layout`). DCP reads it through :func:`~slimpar.train.safe_dcp.dcp_load`,
+    which unpickles nothing but DCP's metadata classes and plain data."""
     step = verify_checkpoint(path)
     if layout is not None:
         check_layout(path, layout)
@@ -110,7 +112,7 @@ def load_checkpoint(path: Path, model, optimizer, group=None, layout: dict | Non
         return step
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path), process_group=group)
+    dcp_load(state, path, group)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=OPTIONS)
     return step
 
@@ -121,8 +123,10 @@ def load_checkpoint(path: Path, model, optimizer, group=None, layout: dict | Non
 def verify_checkpoint(path: Path) -> int:
     """Check a checkpoint folder before anything reads it; returns its step, or raises ManifestError.
 
-    Every file must match ``manifest.json`` (sha256 and size; nothing unlisted), which covers DCP's
-    ``.metadata`` before DCP unpickles it, and ``trainer.json``'s step must equal the folder's.
+    Every file must match ``manifest.json`` (sha256 and size; nothing unlisted), ``trainer.json``'s step
+    must equal the folder's, and DCP's ``.metadata`` must hold only DCP's metadata classes (read by
+    :func:`~slimpar.train.safe_dcp.read_dcp_metadata`, which runs nothing from it: a crafted file with a
+    matching rewritten manifest is refused too; UnsafeCheckpointError, also exit 2).
     """
     path = Path(path)
     match = _STEP_DIR.match(path.name)
@@ -136,6 +140,7 @@ def verify_checkpoint(path: Path) -> int:
         raise ManifestError(f"{path / 'trainer.json'} is unreadable ({e}); {fix}") from None
     if not isinstance(step, int) or isinstance(step, bool) or step != int(match.group(1)):
         raise ManifestError(f"{path / 'trainer.json'} says step {step!r} but the folder is {path.name}; {fix}")
+    read_dcp_metadata(path / ".metadata")
     return step
 
 

@@ -21,6 +21,9 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None) -> dict:
     verify_export(run_dir)  # model.safetensors against the run's manifest.json, before anything reads it
     cfg = load_run_config(cfg_path, ["--parallel.mode", "single", "--parallel.workers", "1"] + (overrides or []))
     from slimpar.train.build import build_data, build_model
+    from slimpar.train.init_from import check_init_from
+
+    check_init_from(cfg, run_dir)  # build_model reads the init_from folder's shape and weights
     from slimpar.train.checkpoint import load_safetensors
     from slimpar.train.evaluate import evaluate
     from slimpar.train.strategies.base import Strategy

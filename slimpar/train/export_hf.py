@@ -16,6 +16,7 @@ from slimpar.data.tokenizer import EOT
 from slimpar.models.hf_llama import HFFormatError, save_hf
 from slimpar.train.build import llama_config
 from slimpar.train.checkpoint import load_safetensors, verify_export
+from slimpar.train.init_from import check_init_from
 from slimpar.train.manifest import MANIFEST, write_manifest
 from slimpar.train.run_files import TOKENIZER_FILE
 
@@ -33,6 +34,7 @@ def export_hf(run_dir: Path, out_dir: Path) -> list[Path]:
     cfg = load_config(cfg_path)
     if cfg.model.arch != "llama":
         raise ConfigError(f"only LLaMA runs export to the Hugging Face format (this run: {cfg.model.arch})")
+    check_init_from(cfg, run_dir)  # llama_config reads the init_from folder's config.json
     state = load_safetensors(weights)
     lc = llama_config(cfg, vocab_size=state["tok_embeddings.weight"].shape[0])
     try:

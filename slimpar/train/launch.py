@@ -19,10 +19,12 @@ from datetime import timedelta
 from pathlib import Path
 
 from slimpar.config import Config, ConfigError, to_dict, to_toml
+from slimpar.train.init_from import INIT_FROM_RECORD, record_init_from
 from slimpar.train.worker import restart_count, worker_main
 
 # what --fresh removes from the run folder (only these; config.toml is rewritten, tokenizer files are kept)
-FRESH_DELETES = ("checkpoints", "metrics.jsonl", "summary.json", "model.safetensors", "manifest.json", "eval.json")
+FRESH_DELETES = ("checkpoints", "metrics.jsonl", "summary.json", "model.safetensors", "manifest.json", "eval.json",
+                 INIT_FROM_RECORD)
 
 RUN_FOLDER_KEY = "slimpar/run_folder"
 
@@ -77,7 +79,8 @@ def prepare_out_dir(cfg: Config, out_dir: Path) -> None:
     A fresh start (``checkpoint.resume = false``: ``slimpar train --fresh``) deletes :data:`FRESH_DELETES`
     first, so that no old checkpoint outlives it, but never in a restarted worker: a job restarted by the
     elastic agent continues the run it started. ``metrics.jsonl`` is not touched otherwise: the trainer
-    truncates it to the step it resumes from (0 without a checkpoint).
+    truncates it to the step it resumes from (0 without a checkpoint). With ``model.init_from``, the first
+    start records the folder's sha256 (:mod:`slimpar.train.init_from`), which later starts check.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     if not cfg.checkpoint.resume and restart_count() == 0:
@@ -88,6 +91,7 @@ def prepare_out_dir(cfg: Config, out_dir: Path) -> None:
             elif path.exists() or path.is_symlink():
                 path.unlink()
     (out_dir / "config.toml").write_text(to_toml(cfg))
+    record_init_from(cfg, out_dir)  # at the first start only: the sha256 of the files the run starts from
 
 
 def launch(cfg: Config, out_dir: Path) -> None:

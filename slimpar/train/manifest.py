@@ -3,11 +3,10 @@
 Written after the files themselves (a checkpoint's by rank 0 after the save barrier, before the
 ``trainer.json`` that marks the save complete); verified before anything reads them. Verification
 refuses a file that is missing, truncated, changed or not listed, with a :class:`ManifestError` (a
-``ConfigError``: exit 2 before processes start) that names the file and what to do. Verifying
-*before* reading matters for DCP: ``torch.distributed.checkpoint`` reads ``.metadata`` with
-``pickle.load``, so a crafted ``.metadata`` is refused here before it is unpickled. The manifest
+``ConfigError``: exit 2 before processes start) that names the file and what to do. The manifest
 protects against corruption and accidental or partial tampering; it protects against a crafted file
-only as far as the manifest itself is trusted (docs/trust.md).
+only as far as the manifest itself is trusted. That a crafted file runs no code does not rest on it:
+DCP checkpoints are read by restricted unpicklers (:mod:`slimpar.train.safe_dcp`, docs/trust.md).
 
 ``python -m slimpar.train.manifest write FOLDER`` re-creates a manifest for a folder you trust
 (e.g. a checkpoint written by a slimpar without manifests); ``... verify FOLDER`` checks one.

@@ -40,8 +40,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from slimpar.train.safe_dcp import dcp_load
 
 STATS = ("exp_avg", "exp_avg_sq")  # AdamW's per-element state, shaped like its parameter
 
@@ -99,7 +100,7 @@ class SDPFullState:
         model_sd, optim_sd = get_state_dict(self.inner, optimizer, options=self.options)
         state: dict = {"model": {}, "optim": {}}
         where = _request(self.wrapper.sub, model_sd, optim_sd, self.shapes, state)
-        dcp.load(state, checkpoint_id=str(path), process_group=group)
+        dcp_load(state, path, group)  # unpickles nothing but DCP's metadata classes and plain data
         model_sd, optim_sd = _taken(state, where, model_sd, optim_sd)
         set_state_dict(self.inner, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
                        options=self.options)
@@ -159,7 +160,7 @@ class VirtualSDPFullState:
         per = self._per_worker(model_sd, optim_sd)
         state: dict = {"model": {}, "optim": {}}
         wheres = [_request(sub, m, o, self.shapes, state) for sub, (m, o) in zip(self.virtual.subs, per, strict=True)]
-        dcp.load(state, checkpoint_id=str(path), process_group=group)
+        dcp_load(state, path, group)  # unpickles nothing but DCP's metadata classes and plain data
         for w, ((m, o), where) in enumerate(zip(per, wheres, strict=True)):
             m, o = _taken(state, where, m, o, own=True)
             model_sd.update({f"worker{w}.module.{k}": v for k, v in m.items()})

@@ -26,6 +26,7 @@ from slimpar.train.checkpoint import (
 )
 from slimpar.train.context import RunContext
 from slimpar.train.guard import StepGuard, check_export
+from slimpar.train.init_from import check_init_from
 from slimpar.train.metrics import (
     MetricsWriter,
     git_commit,
@@ -58,6 +59,7 @@ class Trainer:
             record_run_files(cfg, self.data, ctx.out_dir)  # the tokenizer and the real vocabulary size
         if ctx.group is not None and ctx.is_main:
             dist.barrier(group=ctx.group)
+        check_init_from(cfg, ctx.out_dir)  # again in every worker, before it reads the weights
         model = build_model(cfg, self.data)
         self.strategy = build_strategy(cfg, model, ctx)
         self.optimizer = self.strategy.build_optimizer(cfg)  # AdamW; pipelines add SPEL for Stiefel projectors

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from torch.distributed.checkpoint.metadata import Metadata
 
 from slimpar.config import ConfigError
 from slimpar.data.corpora import user_texts
@@ -60,7 +61,7 @@ def test_manifest_command(tmp_path, capsys):
 def _fake_checkpoint(root: Path, step: int = 3) -> Path:
     path = root / "checkpoints" / f"step_{step:06d}"
     path.mkdir(parents=True)
-    (path / ".metadata").write_bytes(pickle.dumps({"ok": 1}))
+    (path / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata={}, storage_data={})))
     (path / "__0_0.distcp").write_bytes(os.urandom(256))
     write_manifest(path, extra={"trainer.json": json.dumps({"step": step}).encode()})
     (path / "trainer.json").write_text(json.dumps({"step": step}))
