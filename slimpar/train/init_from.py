@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from slimpar.config import Config, ConfigError
-from slimpar.train.manifest import sha256_of
+from slimpar.train.manifest import file_mismatch, sha256_of
 
 INIT_FROM_RECORD = "init_from.json"
 INIT_FROM_FILES = ("config.json", "model.safetensors")  # what build.py reads from the folder
@@ -73,13 +73,13 @@ def check_init_from(cfg: Config, out_dir: Path) -> None:
            "over from the new files with --fresh (or a new --out)")
     for name, entry in record["files"].items():
         p = folder / name
-        if not p.is_file():
+        why = file_mismatch(p, entry)
+        if why == "missing":
             raise ConfigError(f"model.init_from: {p} is missing; {fix}")
-        size = p.stat().st_size
-        if size != entry["size"]:
-            raise ConfigError(f"model.init_from: {p} has changed: {size} bytes, {entry['size']} at the first "
+        if why is not None and why.startswith("size"):
+            raise ConfigError(f"model.init_from: {p} has changed: {why[5:]} bytes, {entry['size']} at the first "
                               f"start; {fix}")
-        if sha256_of(p) != entry["sha256"]:
+        if why is not None:
             raise ConfigError(f"model.init_from: {p} has changed: its sha256 is not the one recorded at the "
                               f"first start; {fix}")
     missing = [n for n in INIT_FROM_FILES if n not in record["files"] and (folder / n).is_file()]

@@ -92,6 +92,16 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, dict]:
     return files
 
 
+def file_mismatch(path: Path, entry: Mapping) -> str | None:
+    """Why ``path`` is not the file ``entry`` (size, sha256) records: "missing", "size N" or "sha256"; None if it is."""
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    if size != entry["size"]:
+        return f"size {size}"
+    return "sha256" if sha256_of(path) != entry["sha256"] else None
+
+
 def verify_manifest(folder: str | os.PathLike[str], *, complete: bool = True) -> dict[str, dict]:
     """Check every file listed in ``folder/manifest.json`` (size, then sha256) before anything reads it.
 
@@ -103,13 +113,13 @@ def verify_manifest(folder: str | os.PathLike[str], *, complete: bool = True) ->
     fix = "the folder is corrupt or was tampered with; use another checkpoint (or start over with a new --out)"
     for name, entry in files.items():
         p = folder / name
-        if not p.is_file():
+        why = file_mismatch(p, entry)
+        if why == "missing":
             raise ManifestError(f"{p} is missing (listed in {folder / MANIFEST}); {fix}")
-        size = p.stat().st_size
-        if size != entry["size"]:
-            raise ManifestError(f"{p} has {size} bytes, its manifest says {entry['size']} (truncated or changed); "
+        if why is not None and why.startswith("size"):
+            raise ManifestError(f"{p} has {why[5:]} bytes, its manifest says {entry['size']} (truncated or changed); "
                                 f"{fix}")
-        if sha256_of(p) != entry["sha256"]:
+        if why is not None:
             raise ManifestError(f"{p} does not match its sha256 in {folder / MANIFEST} (changed bytes); {fix}")
     if complete:
         extra = [n for n in _listed_files(folder) if n not in files]
