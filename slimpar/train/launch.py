@@ -22,7 +22,8 @@ from slimpar.config import Config, ConfigError, to_dict, to_toml
 from slimpar.train.worker import restart_count, worker_main
 
 # what --fresh removes from the run folder (only these; config.toml is rewritten, tokenizer files are kept)
-FRESH_DELETES = ("checkpoints", "metrics.jsonl", "summary.json", "model.safetensors", "manifest.json", "eval.json")
+FRESH_DELETES = ("checkpoints", "metrics.jsonl", "summary.json", "model.safetensors", "manifest.json", "eval.json",
+                 "tensorboard", "mlruns")
 
 RUN_FOLDER_KEY = "slimpar/run_folder"
 
