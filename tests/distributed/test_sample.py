@@ -77,3 +77,20 @@ def test_bad_runs_and_values_exit_2_before_loading(tmp_path, capsys, case, messa
     assert main(["sample", "--run", run, "--prompt", PROMPT, *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("slimpar: error: ") and message in err and "Traceback" not in err
+
+
+def test_a_pipeline_export_is_sampled_without_its_codecs(tiny_run, tmp_path):
+    """A pipeline run's export holds its codecs' state (``codecs.*``) beside the model: sample leaves it out."""
+    import shutil
+
+    from slimpar.train.checkpoint import export_safetensors, load_safetensors
+    from slimpar.train.manifest import write_manifest
+
+    run = tmp_path / "pipe"
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("checkpoints"))
+    state = load_safetensors(run / "model.safetensors")
+    width = state["tok_embeddings.weight"].shape[1]
+    export_safetensors({**state, "codecs.recv0.projector.A": torch.zeros(width, 4)}, run / "model.safetensors", {})
+    write_manifest(run, ["model.safetensors"])
+    kw = {"max_new_tokens": 5, "temperature": 0}
+    assert sample_run(run, PROMPT, **kw) == sample_run(tiny_run, PROMPT, **kw)
