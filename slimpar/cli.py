@@ -1,4 +1,4 @@
-"""``slimpar`` command line: train, eval, export, plan, bench.
+"""``slimpar`` command line: train, eval, sample, export, plan, bench.
 
 Every subcommand validates its whole configuration first; a bad input prints one message that
 names the fix and exits with code 2 before any process group is created or any file is written.
@@ -88,6 +88,14 @@ def _export(args: argparse.Namespace, rest: list[str]) -> int:
     return export_command(*args.hf)
 
 
+def _sample(args: argparse.Namespace, rest: list[str]) -> int:
+    if rest:
+        raise ConfigError(f"unexpected arguments {' '.join(rest)}; usage: slimpar sample --run RUN --prompt TEXT")
+    from slimpar.train.sample_run import sample_command
+
+    return sample_command(args.run, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
+
+
 def _plan(args: argparse.Namespace, rest: list[str]) -> int:
     from slimpar.train.plan_command import plan_command
 
@@ -116,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "holds one, else start at step 0; metrics.jsonl is cut back to that checkpoint's step")
     start.add_argument("--fresh", action="store_true",
                        help="start over in --out: after validation passes, delete its checkpoints/, metrics.jsonl, "
-                            "summary.json, model.safetensors, manifest.json, eval.json and init_from.json (the "
-                            "config's checkpoint.resume = false)")
+                            "summary.json, model.safetensors, manifest.json, eval.json, init_from.json, tensorboard/ "
+                            "and mlruns/ (the config's checkpoint.resume = false)")
     t.add_argument("--max-restarts", dest="max_restarts", type=int, metavar="N",
                    help="restart all workers after a failure (a killed or hung worker) up to N times; each restart "
                         "resumes from the newest checkpoint (the config's parallel.max_restarts; under torchrun "
@@ -136,6 +144,17 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--hf", nargs=2, metavar=("RUN", "OUT"), required=True,
                    help="RUN folder -> OUT folder loadable by transformers' from_pretrained (model and tokenizer)")
     x.set_defaults(func=_export)
+    sm = sub.add_parser("sample", help="generate text from a finished LLaMA run's model and tokenizer")
+    sm.add_argument("--run", required=True, help="run folder written by slimpar train (with model.safetensors)")
+    sm.add_argument("--prompt", required=True, help="the text to continue (encoded after an end-of-text token)")
+    sm.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=64, metavar="N",
+                    help="generate at most N tokens; an end-of-text token ends sooner (default 64)")
+    sm.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                    help="divide the logits by T before sampling; 0 = greedy, always the most likely token (0.8)")
+    sm.add_argument("--top-k", dest="top_k", type=int, default=50, metavar="K",
+                    help="sample only among the K most likely tokens; 0 = all (default 50)")
+    sm.add_argument("--seed", type=int, default=0, help="the sampling seed: the same seed, the same text (0)")
+    sm.set_defaults(func=_sample)
     pl = sub.add_parser("plan", help="print an SDP mask plan and its report", **fields)
     pl.add_argument("--config", help="TOML file or packaged config name (default: the embedded default)")
     pl.add_argument("--json", action="store_true", help="print the report as one JSON object")

@@ -187,6 +187,8 @@ class LogConfig:
     measure_step: int = 2  # the step whose memory and bytes are instrumented (exact accounting)
     progress: bool = True  # progress bar and summary table on rank 0
     tensorboard: bool = False  # also log scalars to OUT/tensorboard (needs the extra slimpar[tensorboard])
+    # a resumed run continues its MLflow run; view with: mlflow ui --backend-store-uri OUT/mlruns (docs/outputs.md)
+    mlflow: bool = False  # also log config, metrics and summary to the MLflow file store OUT/mlruns (slimpar[mlflow])
 
 
 @dataclass

@@ -24,7 +24,7 @@ from slimpar.train.worker import restart_count, worker_main
 
 # what --fresh removes from the run folder (only these; config.toml is rewritten, tokenizer files are kept)
 FRESH_DELETES = ("checkpoints", "metrics.jsonl", "summary.json", "model.safetensors", "manifest.json", "eval.json",
-                 INIT_FROM_RECORD)
+                 INIT_FROM_RECORD, "tensorboard", "mlruns")
 
 RUN_FOLDER_KEY = "slimpar/run_folder"
 

@@ -36,15 +36,15 @@ from slimpar.train.metrics import (
     versions,
 )
 from slimpar.train.run_files import record_run_files
+from slimpar.train.sinks import build_sinks
 from slimpar.train.strategies import build_strategy
-from slimpar.train.tensorboard import TensorBoardSink
 
 
 class Trainer:
     def __init__(self, cfg: Config, ctx: RunContext):
         self.cfg, self.ctx = cfg, ctx
         self.writer = MetricsWriter(ctx.out_dir, enabled=ctx.is_main)
-        self.tensorboard = TensorBoardSink(ctx.out_dir) if cfg.log.tensorboard and ctx.is_main else None
+        self.sinks = build_sinks(cfg, ctx.out_dir) if ctx.is_main else []  # trackers: log.tensorboard, log.mlflow
         self.step_times: list[float] = []
         self.losses: list[float] = []
         self.measured: dict | None = None
@@ -193,8 +193,8 @@ class Trainer:
                 record.update(self._evaluate())
             record.update(self.strategy.step_metrics())
             self.writer.write(record)
-            if self.tensorboard is not None:
-                self.tensorboard.write(record)
+            for sink in self.sinks:
+                sink.write(record)
             progress.update(done, mean_loss)
         else:
             progress.update(done, None)
@@ -246,9 +246,9 @@ class Trainer:
             export_safetensors(full, ctx.out_dir / "model.safetensors",
                                {"config": json.dumps(to_dict(cfg)), "step": str(self.total)})
         (ctx.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-        if self.tensorboard is not None:
-            self.tensorboard.write_summary(summary, self.total)
-            self.tensorboard.close()
+        for sink in self.sinks:
+            sink.write_summary(summary, self.total)
+            sink.close()
         if cfg.log.progress:
             print_summary(summary, self.strategy.summary_rows(summary))
 

@@ -11,6 +11,7 @@ from typing import Any
 from slimpar.config import Config, ConfigError, load_config
 from slimpar.config import check_choice as _choice
 from slimpar.train.ranges import Range
+from slimpar.train.sinks import check_trackers
 
 ARCHS = ("llama", "resnet18", "wrn18", "swin")
 MODES = ("single", "ddp", "fsdp", "sdp", "pipeline")
@@ -144,12 +145,7 @@ def validate(cfg: Config, *, training: bool = True) -> None:
         raise ConfigError("model.arch = 'llama' needs data.kind = 'text'")
     if m.arch != "llama" and d.kind != "images":
         raise ConfigError(f"model.arch = {m.arch!r} needs data.kind = 'images'")
-    if cfg.log.tensorboard:
-        from slimpar.train.tensorboard import tensorboard_available
-
-        if not tensorboard_available():
-            raise ConfigError("log.tensorboard = true needs the tensorboard package: pip install 'slimpar[tensorboard]'"
-                              " (or pip install tensorboard), or drop --log.tensorboard")
+    check_trackers(cfg)  # log.tensorboard, log.mlflow: their packages
     _validate_model(cfg)
     _validate_data(cfg)
     if training:
