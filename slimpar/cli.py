@@ -38,6 +38,11 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
         extra += ["--parallel.max_restarts", str(args.max_restarts)]
     cfg = load_config(config, rest + extra)  # the flags win over the same keys given as overrides
     cfg = _join_torchrun(cfg)
+    if args.print_config:
+        from slimpar.config import to_toml
+
+        print(to_toml(cfg), end="")
+        return 0
     validate(cfg)  # after the world size is known: under torchrun it is WORLD_SIZE
     from slimpar.train.launch import default_run_folder, launch
 
@@ -97,12 +102,31 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     return bench_command(args, rest)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _help_config(argv: list[str]) -> tuple[Config | None, str]:
+    """The config whose values ``train --help`` and ``plan --help`` show: ``--config``'s, else the packaged
+    default; (None, "") when no help is asked for (nothing is loaded) or the config does not load."""
+    if not argv or argv[0] not in ("train", "plan") or not {"-h", "--help"} & set(argv):
+        return None, ""
+    name = None
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif arg.startswith("--config="):
+            name = arg.split("=", 1)[1]
+    from slimpar.config import load_config
+
+    try:
+        return load_config(name or DEFAULT_CONFIG), f"--config {name}" if name else "the default config"
+    except ConfigError:
+        return None, ""
+
+
+def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argparse.ArgumentParser:
     # the module docstring's first line without its reST markup: help prints it as plain text
     p = argparse.ArgumentParser(prog="slimpar", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--version", action="version", version=f"slimpar {__version__}")
     sub = p.add_subparsers(dest="command")
-    fields = {"epilog": config_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+    fields = {"epilog": config_help(help_cfg, help_source), "formatter_class": argparse.RawDescriptionHelpFormatter}
     t = sub.add_parser("train", help="train a model (no arguments: the embedded default run)",
                        description="Train a model; every config field below can be overridden.", **fields)
     t.add_argument("--config", help="TOML file or packaged config name (default: the embedded default)")
@@ -119,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="restart all workers after a failure (a killed or hung worker) up to N times; each restart "
                         "resumes from the newest checkpoint (the config's parallel.max_restarts; under torchrun "
                         "use its own --max-restarts)")
+    t.add_argument("--print-config", dest="print_config", action="store_true",
+                   help="print the resolved config (the --config file with every override applied) as TOML and exit")
     t.set_defaults(func=_train)
     e = sub.add_parser("eval", help="evaluate a finished run folder")
     e.add_argument("--run", required=True, help="run folder written by slimpar train")
@@ -171,7 +197,8 @@ def _preflight(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(*_help_config(argv))
     args, rest = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
