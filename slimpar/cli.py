@@ -7,6 +7,8 @@ names the fix and exits with code 2 before any process group is created or any f
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -47,11 +49,51 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     from slimpar.train.launch import default_run_folder, launch
 
     out = Path(args.out) if args.out else default_run_folder(config, cfg)
+    main = int(os.environ.get("RANK", "0")) == 0  # under torchrun every rank runs this; rank 0 speaks
     if cfg.checkpoint.resume:  # the checkpoint a resume would load must fit this run (layout.json): exit 2
         from slimpar.train.checkpoint import check_resume
+        from slimpar.train.rerun import check_rerun
 
-        check_resume(out, cfg)
-    launch(cfg, out)
+        path = check_resume(out, cfg)
+        if path is not None:  # and its run's settings must be this run's (config.toml), or --allow-change
+            check_rerun(out, cfg, path, int(path.name.split("_")[-1]), args.allow_change, main)
+    again = _resume_command(args.argv, out, bool(args.out))
+    if main:
+        print(f"run folder: {out}  (to resume it: {again})", flush=True)
+    code = _launch_and_report(launch, cfg, out, again)
+    if main and code == 0:
+        print(f"run folder: {out}", flush=True)
+    return code
+
+
+def _resume_command(argv: list[str], out: Path, given: bool) -> str:
+    """The command that continues this run: the same one without ``--fresh`` (and with ``--out`` when the
+    folder was not named: a changed working directory or config still finds it)."""
+    words = [w for w in argv if w != "--fresh"]
+    return shlex.join(["slimpar", *words, *([] if given else ["--out", str(out)])])
+
+
+def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
+    """Run the job; after Ctrl-C or a failure say where the run is and how to continue it, in one line.
+
+    Ctrl-C reaches every process of the terminal's group: the workers end quietly (worker.py) and the
+    elastic agent raises its SignalException, whose traceback (and the agent's log lines) would bury the
+    run folder. A worker's own error was already printed by that worker; this adds where to continue."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        launch(cfg, out)
+    except (KeyboardInterrupt, SignalException, SystemExit, ChildFailedError) as e:
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        if isinstance(e, (KeyboardInterrupt, SignalException)) or getattr(e, "code", None) == 130:
+            print(f"\nslimpar: interrupted; the run folder is {out}; to resume it: {again}", file=sys.stderr,
+                  flush=True)
+            return 130
+        print(f"slimpar: training failed (the error is above); the run folder is {out}; to resume it from its "
+              f"newest checkpoint: {again}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -143,6 +185,9 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                    help="restart all workers after a failure (a killed or hung worker) up to N times; each restart "
                         "resumes from the newest checkpoint (the config's parallel.max_restarts; under torchrun "
                         "use its own --max-restarts)")
+    t.add_argument("--allow-change", dest="allow_change", action="store_true",
+                   help="resume a run folder although settings that define the run (model, data, seed, optimizer, "
+                        "schedule such as train.steps) differ from its config.toml: without it that is exit 2")
     t.add_argument("--print-config", dest="print_config", action="store_true",
                    help="print the resolved config (the --config file with every override applied) as TOML and exit")
     t.set_defaults(func=_train)
@@ -200,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(*_help_config(argv))
     args, rest = parser.parse_known_args(argv)
+    args.argv = argv
     if args.command is None:
         parser.print_help()
         return 0

@@ -65,12 +65,15 @@ class Trainer:
         self.total = total_steps(cfg)
         self.eval_every = eval_every(cfg, self.total)
         self.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, ctx.rank)
-        self.start = 0
+        self.start, self.resumed_from = 0, None
         if cfg.checkpoint.resume:  # auto: the newest complete checkpoint, if any (--fresh: none)
             path = latest_checkpoint(ctx.out_dir)
             if path is not None:
                 self.start = load_checkpoint(path, self.strategy.checkpoint_module, self.optimizer, ctx.group,
                                              checkpoint_layout(cfg))
+                self.resumed_from = str(path)
+                if ctx.is_main:
+                    print(f"resuming from step {self.start}, checkpoint {path}", flush=True)
         self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
 
     # ------------------------------------------------------------------ step
@@ -239,6 +242,8 @@ class Trainer:
             "world_size": ctx.world,
             "steps": self.total,
             "skipped_steps": self.guard.skipped,
+            "resumed_from_step": self.start if self.resumed_from else None,  # this invocation's start
+            "resumed_from": self.resumed_from,
             "config": to_dict(cfg),
             "git_commit": git_commit(),
             "versions": versions(),
