@@ -165,7 +165,7 @@ class PipelineConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 0  # evaluate every N steps; 0 = auto (~10% of the run at train.steps >= 500, else at the end); -1 = end
+    every: int = 0  # evaluate every N steps; 0 = auto (every ~10% if train.steps >= 500, else at the end); -1 = end
     batches: int = 8  # validation batches per split
     batch_size: int = 16  # sequences (or images) per validation batch
 
