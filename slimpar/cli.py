@@ -69,8 +69,11 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
 def _resume_command(argv: list[str], out: Path, given: bool) -> str:
     """The command that continues this run: the same one without ``--fresh`` (and with ``--out`` when the
     folder was not named: a changed working directory or config still finds it)."""
+    from slimpar.train.launch import under_torchrun
+
     words = [w for w in argv if w != "--fresh"]
-    return shlex.join(["slimpar", *words, *([] if given else ["--out", str(out)])])
+    line = shlex.join(["slimpar", *words, *([] if given else ["--out", str(out)])])
+    return f"the same torchrun command (... -m {line})" if under_torchrun() else line
 
 
 def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
@@ -91,10 +94,19 @@ def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
             print(f"\nslimpar: interrupted; the run folder is {out}; to resume it: {again}", file=sys.stderr,
                   flush=True)
             return 130
-        print(f"slimpar: training failed (the error is above); the run folder is {out}; to resume it from its "
-              f"newest checkpoint: {again}", file=sys.stderr, flush=True)
+        print(_failed(out, again), file=sys.stderr, flush=True)
         return 1
+    except ConfigError:  # one line of its own, printed by main (exit 2)
+        raise
+    except Exception:  # an error of slimpar itself in this process: its traceback, then where the run is
+        print(_failed(out, again), file=sys.stderr, flush=True)
+        raise
     return 0
+
+
+def _failed(out: Path, again: str) -> str:
+    return (f"slimpar: training failed; the run folder is {out}; to resume it from its newest "
+            f"checkpoint: {again}")
 
 
 def _join_torchrun(cfg: Config) -> Config:

@@ -76,7 +76,7 @@ def test_run_folder_and_resume_command_are_printed_at_start_and_end(fake_launch,
 
 @pytest.mark.parametrize("error, code, says", [
     (KeyboardInterrupt(), 130, "slimpar: interrupted; the run folder is runs/llama_tiny; to resume it: slimpar train"),
-    (SystemExit(1), 1, "slimpar: training failed (the error is above); the run folder is runs/llama_tiny"),
+    (SystemExit(1), 1, "slimpar: training failed; the run folder is runs/llama_tiny"),
 ])
 def test_ctrl_c_or_a_failure_ends_with_one_line_naming_the_folder(fake_launch, capsys, error, code, says):
     fake_launch(error)
