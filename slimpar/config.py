@@ -185,7 +185,7 @@ class CheckpointConfig:
 class LogConfig:
     every: int = 10  # write a metrics.jsonl line every N steps
     measure_step: int = 2  # the step whose memory and bytes are instrumented (exact accounting)
-    progress: bool = True  # progress bar and summary table on rank 0
+    progress: bool = True  # rank 0: a progress bar (a line per logged step off a TTY); the closing table shows anyway
     tensorboard: bool = False  # also log scalars to OUT/tensorboard (needs the extra slimpar[tensorboard])
 
 

@@ -24,7 +24,7 @@ from slimpar.config import Config, ConfigError, load_config, to_dict
 # accepted silently: they change what is logged, evaluated or saved, or how fast, not what is trained
 ACCEPTED = ("log.", "eval.", "checkpoint.", "parallel.timeout_s", "parallel.max_restarts", "parallel.backend",
             "parallel.device", "train.stop_after", "train.skip_bad_steps", "train.activation_checkpointing",
-            "data.cache_dir", "model.init_from", "sdp.check_every", "pipeline.checksum_every")
+            "data.cache_dir", "data.ood", "model.init_from", "sdp.check_every", "pipeline.checksum_every")
 LAYOUT = ("parallel.mode", "parallel.workers", "sdp.")  # noted; check_layout refuses what a checkpoint cannot load
 
 

@@ -24,7 +24,8 @@ def _cfg(*overrides: str):
 def test_changes_are_sorted_into_defining_layout_and_accepted():
     old = _cfg("--model.vocab_size", "512")  # config.toml names the tokenizer's real size
     defining, layout = config_changes(old, _cfg("--train.lr", "1e-3", "--log.every", "5", "--eval.every", "7",
-                                                 "--train.stop_after", "3", "--checkpoint.every", "2"))
+                                                "--train.stop_after", "3", "--checkpoint.every", "2",
+                                                "--data.ood", "none"))
     assert defining == ["train.lr: 0.003 -> 0.001"] and layout == []  # logging, eval, checkpoints: accepted
     defining, layout = config_changes(old, _cfg("--parallel.mode", "sdp", "--parallel.workers", "2",
                                                 "--train.seed", "1", "--pipeline.codec", "mapl"))
