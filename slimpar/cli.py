@@ -7,6 +7,8 @@ names the fix and exits with code 2 before any process group is created or any f
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -38,19 +40,76 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
         extra += ["--parallel.max_restarts", str(args.max_restarts)]
     cfg = load_config(config, rest + extra)  # the flags win over the same keys given as overrides
     cfg = _join_torchrun(cfg)
+    if args.print_config:
+        from slimpar.config import to_toml
+
+        print(to_toml(cfg), end="")
+        return 0
     validate(cfg)  # after the world size is known: under torchrun it is WORLD_SIZE
     from slimpar.train.launch import default_run_folder, launch
 
     out = Path(args.out) if args.out else default_run_folder(config, cfg)
+    main = int(os.environ.get("RANK", "0")) == 0  # under torchrun every rank runs this; rank 0 speaks
     if cfg.checkpoint.resume:  # the checkpoint a resume would load must fit this run (layout.json): exit 2
         from slimpar.train.checkpoint import check_resume
+        from slimpar.train.rerun import check_rerun
 
-        check_resume(out, cfg)
+        path = check_resume(out, cfg)
+        if path is not None:  # and its run's settings must be this run's (config.toml), or --allow-change
+            check_rerun(out, cfg, path, int(path.name.split("_")[-1]), args.allow_change, main)
         from slimpar.train.init_from import check_init_from
 
         check_init_from(cfg, out)  # the init_from folder still holds what the run first started from
-    launch(cfg, out)
+    again = _resume_command(args.argv, out, bool(args.out))
+    if main:
+        print(f"run folder: {out}  (to resume it: {again})", flush=True)
+    code = _launch_and_report(launch, cfg, out, again)
+    if main and code == 0:
+        print(f"run folder: {out}", flush=True)
+    return code
+
+
+def _resume_command(argv: list[str], out: Path, given: bool) -> str:
+    """The command that continues this run: the same one without ``--fresh`` (and with ``--out`` when the
+    folder was not named: a changed working directory or config still finds it)."""
+    from slimpar.train.launch import under_torchrun
+
+    words = [w for w in argv if w != "--fresh"]
+    line = shlex.join(["slimpar", *words, *([] if given else ["--out", str(out)])])
+    return f"the same torchrun command (... -m {line})" if under_torchrun() else line
+
+
+def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
+    """Run the job; after Ctrl-C or a failure say where the run is and how to continue it, in one line.
+
+    Ctrl-C reaches every process of the terminal's group: the workers end quietly (worker.py) and the
+    elastic agent raises its SignalException, whose traceback (and the agent's log lines) would bury the
+    run folder. A worker's own error was already printed by that worker; this adds where to continue."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        launch(cfg, out)
+    except (KeyboardInterrupt, SignalException, SystemExit, ChildFailedError) as e:
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        if isinstance(e, (KeyboardInterrupt, SignalException)) or getattr(e, "code", None) == 130:
+            print(f"\nslimpar: interrupted; the run folder is {out}; to resume it: {again}", file=sys.stderr,
+                  flush=True)
+            return 130
+        print(_failed(out, again), file=sys.stderr, flush=True)
+        return 1
+    except ConfigError:  # one line of its own, printed by main (exit 2)
+        raise
+    except Exception:  # an error of slimpar itself in this process: its traceback, then where the run is
+        print(_failed(out, again), file=sys.stderr, flush=True)
+        raise
     return 0
+
+
+def _failed(out: Path, again: str) -> str:
+    return (f"slimpar: training failed; the run folder is {out}; to resume it from its newest "
+            f"checkpoint: {again}")
 
 
 def _join_torchrun(cfg: Config) -> Config:
@@ -108,12 +167,31 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     return bench_command(args, rest)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _help_config(argv: list[str]) -> tuple[Config | None, str]:
+    """The config whose values ``train --help`` and ``plan --help`` show: ``--config``'s, else the packaged
+    default; (None, "") when no help is asked for (nothing is loaded) or the config does not load."""
+    if not argv or argv[0] not in ("train", "plan") or not {"-h", "--help"} & set(argv):
+        return None, ""
+    name = None
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif arg.startswith("--config="):
+            name = arg.split("=", 1)[1]
+    from slimpar.config import load_config
+
+    try:
+        return load_config(name or DEFAULT_CONFIG), f"--config {name}" if name else "the default config"
+    except ConfigError:
+        return None, ""
+
+
+def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argparse.ArgumentParser:
     # the module docstring's first line without its reST markup: help prints it as plain text
     p = argparse.ArgumentParser(prog="slimpar", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--version", action="version", version=f"slimpar {__version__}")
     sub = p.add_subparsers(dest="command")
-    fields = {"epilog": config_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+    fields = {"epilog": config_help(help_cfg, help_source), "formatter_class": argparse.RawDescriptionHelpFormatter}
     t = sub.add_parser("train", help="train a model (no arguments: the embedded default run)",
                        description="Train a model; every config field below can be overridden.", **fields)
     t.add_argument("--config", help="TOML file or packaged config name (default: the embedded default)")
@@ -130,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="restart all workers after a failure (a killed or hung worker) up to N times; each restart "
                         "resumes from the newest checkpoint (the config's parallel.max_restarts; under torchrun "
                         "use its own --max-restarts)")
+    t.add_argument("--allow-change", dest="allow_change", action="store_true",
+                   help="resume a run folder although settings that define the run (model, data, seed, optimizer, "
+                        "schedule such as train.steps) differ from its config.toml: without it that is exit 2")
+    t.add_argument("--print-config", dest="print_config", action="store_true",
+                   help="print the resolved config (the --config file with every override applied) as TOML and exit")
     t.set_defaults(func=_train)
     e = sub.add_parser("eval", help="evaluate a finished run folder")
     e.add_argument("--run", required=True, help="run folder written by slimpar train")
@@ -193,8 +276,10 @@ def _preflight(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(*_help_config(argv))
     args, rest = parser.parse_known_args(argv)
+    args.argv = argv
     if args.command is None:
         parser.print_help()
         return 0

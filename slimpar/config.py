@@ -165,7 +165,7 @@ class PipelineConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 0  # evaluate every N steps; 0 = only at the end
+    every: int = 0  # evaluate every N steps; 0 = auto (every ~10% if train.steps >= 500, else at the end); -1 = end
     batches: int = 8  # validation batches per split
     batch_size: int = 16  # sequences (or images) per validation batch
 
@@ -185,7 +185,7 @@ class CheckpointConfig:
 class LogConfig:
     every: int = 10  # write a metrics.jsonl line every N steps
     measure_step: int = 2  # the step whose memory and bytes are instrumented (exact accounting)
-    progress: bool = True  # progress bar and summary table on rank 0
+    progress: bool = True  # rank 0: a progress bar (a line per logged step off a TTY); the closing table shows anyway
     tensorboard: bool = False  # also log scalars to OUT/tensorboard (needs the extra slimpar[tensorboard])
     # a resumed run continues its MLflow run; view with: mlflow ui --backend-store-uri OUT/mlruns (docs/outputs.md)
     mlflow: bool = False  # also log config, metrics and summary to the MLflow file store OUT/mlruns (slimpar[mlflow])
@@ -345,12 +345,11 @@ def _toml_value(v: Any) -> str:
 def to_toml(cfg: Config) -> str:
     """Write the resolved config as TOML (sections only contain scalars, lists and subsections)."""
     lines: list[str] = []
-    fmt = _toml_value
 
     def section(name: str, d: dict[str, Any]) -> None:
         lines.append(f"[{name}]")
         subs = {k: v for k, v in d.items() if isinstance(v, dict)}
-        lines.extend(f"{k} = {fmt(v)}" for k, v in d.items() if not isinstance(v, dict))
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in d.items() if not isinstance(v, dict))
         lines.append("")
         for k, v in subs.items():
             section(f"{name}.{k}", v)
@@ -360,9 +359,9 @@ def to_toml(cfg: Config) -> str:
     return "\n".join(lines)
 
 
-
-def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """Every leaf field as ``(--section.key, type, default, comment)``, read from the dataclasses' source.
+def field_docs(cls: type = Config, prefix: str = "", values: Any = None) -> list[tuple[str, str, str, str]]:
+    """Every leaf field as ``(--section.key, type, default, comment)``, read from the dataclasses' source;
+    the defaults are ``values``' (a loaded config: what runs) or, without it, the dataclasses' own.
 
     The comments after each field are the documentation, so ``--help`` can never drift from the code.
     """
@@ -373,12 +372,11 @@ def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str
         name, sep, rest = line.strip().partition(":")
         if sep and "#" in rest and name.isidentifier():
             comments[name] = rest.split("#", 1)[1].strip()
-    hints, out = typing.get_type_hints(cls), []
-    default = cls()
+    hints, out, default = typing.get_type_hints(cls), [], cls() if values is None else values
     for f in dataclasses.fields(cls):
         value = getattr(default, f.name)
         if dataclasses.is_dataclass(value):
-            out += field_docs(type(value), f"{prefix}{f.name}.")
+            out += field_docs(type(value), f"{prefix}{f.name}.", value)
             continue
         tp = hints[f.name]
         type_name = getattr(tp, "__name__", str(tp)) if typing.get_origin(tp) is not list else "list"
@@ -386,11 +384,13 @@ def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str
     return out
 
 
-def config_help() -> str:
-    """The ``--help`` epilog of commands that take a config: every field, its type, default and meaning."""
-    lines = ["config fields (override any with --section.key VALUE; lists as a,b,c):"]
+def config_help(cfg: Config | None = None, source: str = "") -> str:
+    """The ``--help`` epilog of commands that take a config: every field, its type, default and meaning;
+    the defaults shown are ``cfg``'s, the config loaded from ``source`` (what a run without overrides runs)."""
+    lines = [f"config fields, with the values of {source or 'the dataclasses'} (override any with --section.key "
+             "VALUE; lists as a,b,c):"]
     section = None
-    for key, tp, default, comment in field_docs():
+    for key, tp, default, comment in field_docs(values=cfg):
         head = key[2:].split(".")[0]
         if head != section:
             section = head

@@ -69,7 +69,7 @@ DEEP = ("none", "SSN 4x", "MAPL 4x", "MAPL 4x + all changes")
 HALF_LR = ("none", "SSN 4x", "MAPL 4x + all changes", "SSN 8x", "MAPL 8x + all changes",
            "MAPL 16x + all changes (no RVQ)", "MAPL 16x + RVQ + all changes")
 # ResNet-18 (CIFAR stem) at width 16: 3 epochs of Fashion-MNIST's 60,000 images at batch 64
-RESNET = ["--model.width", "16", "--train.steps", "2813", "--eval.every", "0", "--eval.batches", "50",
+RESNET = ["--model.width", "16", "--train.steps", "2813", "--eval.every", "-1", "--eval.batches", "50",
           "--eval.batch_size", "200", "--checkpoint.every", "500", "--checkpoint.keep_last", "1",
           "--checkpoint.export", "false", "--checkpoint.final", "false", "--log.every", "25",
           "--log.progress", "false", "--parallel.workers", "1"]

@@ -117,3 +117,19 @@ def total_steps(cfg: Config) -> int:
         keeps = cfg.sdp.keep_per_worker or [cfg.sdp.keep]
         return int(round(cfg.train.steps / (sum(keeps) / len(keeps))))
     return cfg.train.steps
+
+
+AUTO_EVAL_MIN_STEPS = 500  # eval.every = 0: runs this long evaluate on the way, shorter ones only at the end
+
+
+def eval_every(cfg: Config, total: int) -> int:
+    """Steps between validations during training (0: only at the end). ``eval.every = 0`` (auto) gives about
+    10% of a run of at least :data:`AUTO_EVAL_MIN_STEPS` steps, a multiple of ``log.every`` (evaluations land
+    on logged steps); ``-1`` evaluates only at the end."""
+    every = cfg.eval.every
+    if every:
+        return max(every, 0)
+    if total < AUTO_EVAL_MIN_STEPS:
+        return 0
+    log = cfg.log.every
+    return max(total // 10 // log, 1) * log

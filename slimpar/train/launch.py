@@ -10,24 +10,20 @@ restart resumes from the newest complete checkpoint by itself.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
-import time
 import uuid
-from datetime import timedelta
 from pathlib import Path
 
-from slimpar.config import Config, ConfigError, to_dict, to_toml
+from slimpar.config import Config, to_dict, to_toml
 from slimpar.train.init_from import INIT_FROM_RECORD, record_init_from
 from slimpar.train.worker import restart_count, worker_main
 
 # what --fresh removes from the run folder (only these; config.toml is rewritten, tokenizer files are kept)
 FRESH_DELETES = ("checkpoints", "metrics.jsonl", "summary.json", "model.safetensors", "manifest.json", "eval.json",
                  INIT_FROM_RECORD, "tensorboard", "mlruns")
-
-RUN_FOLDER_KEY = "slimpar/run_folder"
-
 
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
@@ -46,31 +42,13 @@ def run_name(config_name: str, cfg: Config | None = None) -> str:
 
 
 def default_run_folder(config_name: str, cfg: Config | None = None) -> Path:
-    """``runs/<name>-<time>`` (:func:`run_name`), the folder of a run started without ``--out``, the same on every rank.
+    """``runs/<name>`` (:func:`run_name`), the folder of a run started without ``--out``.
 
-    Outside torchrun the launching process chooses it. Under torchrun every rank runs this, and the
-    ranks' clocks (a 1.5 s start skew is common) would give different names, scattering checkpoint
-    shards over several folders. So every rank proposes its own name on the elastic agent's TCPStore
-    (``MASTER_ADDR:MASTER_PORT``) with ``compare_set``: the first proposal wins and every rank reads it.
-    The store is used, not a ``broadcast_object_list`` after ``init_process_group``, because the
-    folder is needed before the process group exists (rank 0 writes ``config.toml`` first), and
-    because the agent's store outlives worker restarts: a job restarted by ``torchrun --max-restarts``
-    finds the same folder and resumes from its checkpoint. ``TORCHELASTIC_RUN_ID`` is not used: it is
-    ``none`` for every job started without ``--rdzv-id``/``--standalone``, so unrelated jobs would share
-    (and resume) one folder. Without the agent's store (another launcher) there is no safe choice:
-    ``--out`` is then required.
+    No time stamp: the same command run again finds the same folder and resumes the run from its newest
+    checkpoint (its settings checked against the folder's ``config.toml``, :mod:`slimpar.train.rerun`);
+    ``--fresh`` starts over there. Under torchrun every rank computes the same name, so they share one folder.
     """
-    name = Path(f"runs/{run_name(config_name, cfg)}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if not under_torchrun():
-        return name
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
-        raise ConfigError("under this launcher every rank would choose its own run folder; pass --out DIR "
-                          "(the same on every rank)")
-    import torch.distributed as dist
-
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timedelta(seconds=60))
-    return Path(store.compare_set(RUN_FOLDER_KEY, "", str(name)).decode())
+    return Path("runs") / run_name(config_name, cfg)
 
 
 def prepare_out_dir(cfg: Config, out_dir: Path) -> None:
@@ -127,4 +105,21 @@ def _elastic(cfg: Config, out_dir: Path) -> None:
     # glibc returns freed blocks to the OS only above this size: RSS peaks then track live tensors (env.md)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.parallel.workers)))
-    elastic_launch(lc, worker_main)(to_dict(cfg), str(out_dir))
+    quiet = _QuietInterrupt()
+    loggers = [logging.getLogger(f"torch.distributed.elastic.{m}.api") for m in ("agent.server", "multiprocessing")]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        elastic_launch(lc, worker_main)(to_dict(cfg), str(out_dir))
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
+class _QuietInterrupt(logging.Filter):
+    """Drops the elastic agent's log lines about Ctrl-C ("Received 2 death signal", "Closing process N via
+    signal SIGINT"): the user pressed it, and slimpar's one line says where the run is and how to resume it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return "Received 2 death signal" not in msg and "via signal SIGINT" not in msg

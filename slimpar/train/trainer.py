@@ -16,7 +16,7 @@ import torch.distributed as dist
 from slimpar.config import Config, to_dict
 from slimpar.parallel.comm import StepInstrument, wire_bytes_written
 from slimpar.train import memory
-from slimpar.train.build import build_data, build_model, lr_at, total_steps
+from slimpar.train.build import build_data, build_model, eval_every, lr_at, total_steps
 from slimpar.train.checkpoint import (
     checkpoint_layout,
     export_safetensors,
@@ -65,13 +65,17 @@ class Trainer:
         self.optimizer = self.strategy.build_optimizer(cfg)  # AdamW; pipelines add SPEL for Stiefel projectors
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]  # before a resume overwrites them
         self.total = total_steps(cfg)
+        self.eval_every = eval_every(cfg, self.total)
         self.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, ctx.rank)
-        self.start = 0
+        self.start, self.resumed_from = 0, None
         if cfg.checkpoint.resume:  # auto: the newest complete checkpoint, if any (--fresh: none)
             path = latest_checkpoint(ctx.out_dir)
             if path is not None:
                 self.start = load_checkpoint(path, self.strategy.checkpoint_module, self.optimizer, ctx.group,
                                              checkpoint_layout(cfg))
+                self.resumed_from = str(path)
+                if ctx.is_main:
+                    print(f"resuming from step {self.start}, checkpoint {path}", flush=True)
         self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
 
     # ------------------------------------------------------------------ step
@@ -153,7 +157,8 @@ class Trainer:
     def run(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         self._build()
-        progress = _Progress(ctx.is_main and cfg.log.progress, self.start, self.total)
+        progress = _Progress(ctx.is_main and cfg.log.progress, self.start, self.total, self.items_per_step,
+                             "tok/s" if cfg.data.kind == "text" else "img/s")
         measure_at = max(min(cfg.log.measure_step, self.total - 1), self.start)
         end = min(cfg.train.stop_after, self.total) if cfg.train.stop_after else self.total
         if self.start >= end and (end < self.total or (ctx.out_dir / "summary.json").exists()):
@@ -189,7 +194,7 @@ class Trainer:
             seconds, instrumented = self.last_step_time
             record = {"step": done, "loss": mean_loss, "lr": lr_at(step, cfg, self.total), "grad_norm": gnorm,
                       "step_time_s": seconds, **({"instrumented": True} if instrumented else {})}
-            if cfg.eval.every and done % cfg.eval.every == 0 and not last:
+            if self.eval_every and done % self.eval_every == 0 and not last:
                 record.update(self._evaluate())
             record.update(self.strategy.step_metrics())
             self.writer.write(record)
@@ -202,6 +207,11 @@ class Trainer:
             ctx = self.ctx
             save_checkpoint(ctx.out_dir, done, self.strategy.checkpoint_module, self.optimizer, ctx.rank, ctx.group,
                             cfg.checkpoint.keep_last, checkpoint_layout(cfg))
+
+    @property
+    def items_per_step(self) -> int:
+        """Tokens (images for image models) a step trains on, summed over data-parallel workers."""
+        return self.cfg.train.batch_size * (self.cfg.data.seq_len if self.cfg.data.kind == "text" else 1)
 
     def _evaluate(self) -> dict:
         return self.strategy.evaluate(self.data, self.cfg)
@@ -223,18 +233,19 @@ class Trainer:
     def _write_outputs(self, results: dict, per_rank: list, full) -> None:
         cfg, ctx = self.cfg, self.ctx
         st = median_step_time(self.step_times)
-        per_step_items = cfg.train.batch_size * (cfg.data.seq_len if cfg.data.kind == "text" else 1)
         summary = {
             "mode": cfg.parallel.mode,
             "train_loss": self.losses[-1] if self.losses else float("nan"),
             **results,
             **(merge_ranks(per_rank) if per_rank and per_rank[0] is not None else {}),
             "step_time_s": st,
-            "tokens_per_s": per_step_items / st if st else None,
+            "tokens_per_s": self.items_per_step / st if st else None,
             **self.strategy.summary_extras(),
             "world_size": ctx.world,
             "steps": self.total,
             "skipped_steps": self.guard.skipped,
+            "resumed_from_step": self.start if self.resumed_from else None,  # this invocation's start
+            "resumed_from": self.resumed_from,
             "config": to_dict(cfg),
             "git_commit": git_commit(),
             "versions": versions(),
@@ -249,19 +260,20 @@ class Trainer:
         for sink in self.sinks:
             sink.write_summary(summary, self.total)
             sink.close()
-        if cfg.log.progress:
-            print_summary(summary, self.strategy.summary_rows(summary))
+        print_summary(summary, self.strategy.summary_rows(summary))
 
 
 class _Progress:
-    """A rich progress bar on rank 0 (no-op elsewhere)."""
+    """A rich progress bar on rank 0 (no-op elsewhere); logs and pipes get one plain line per logged step
+    with the elapsed time, the estimated time left and the throughput (tokens/s, images/s for image models)."""
 
-    def __init__(self, enabled: bool, start: int, total: int):
+    def __init__(self, enabled: bool, start: int, total: int, items_per_step: int = 0, unit: str = "tok/s"):
         import sys
 
         self.bar = None
-        self.total = total
-        self.lines = enabled and not sys.stdout.isatty()  # logs and pipes get one plain line per logged step
+        self.start, self.total, self.items, self.unit = start, total, items_per_step, unit
+        self.t0 = time.perf_counter()
+        self.lines = enabled and not sys.stdout.isatty()
         if enabled and not self.lines:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -270,9 +282,18 @@ class _Progress:
             self.bar.start()
             self.task = self.bar.add_task("train", total=total, completed=start, loss="-")
 
+    def line(self, done: int, loss: float, now: float | None = None) -> str:
+        """``step 40/100  loss 3.1234  elapsed 0:12  eta 0:18  1,234 tok/s``: rates over this invocation's steps."""
+        elapsed = (time.perf_counter() if now is None else now) - self.t0
+        steps = done - self.start
+        rate = steps / elapsed if elapsed > 0 and steps > 0 else 0.0
+        eta = _clock((self.total - done) / rate) if rate else "?"
+        return (f"step {done}/{self.total}  loss {loss:.4f}  elapsed {_clock(elapsed)}  eta {eta}  "
+                f"{rate * self.items:,.0f} {self.unit}")
+
     def update(self, done: int, loss: float | None) -> None:
         if self.lines and loss is not None:
-            print(f"step {done}/{self.total}  loss {loss:.4f}", flush=True)
+            print(self.line(done, loss), flush=True)
         if self.bar is not None:
             fields = {"loss": f"{loss:.3f}"} if loss is not None else {}
             self.bar.update(self.task, completed=done, **fields)
@@ -280,3 +301,10 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _clock(seconds: float) -> str:
+    """``0:07``, ``12:30``, ``1:02:03``."""
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

@@ -54,7 +54,7 @@ RANGES: dict[str, Range] = {
     "train.seed": Range(0), "train.stop_after": Range(0, why="0 = run to train.steps"),
     "train.skip_bad_steps": Range(0, why="0 = stop at the first non-finite loss"),
     "parallel.workers": Range(1), "parallel.timeout_s": Range(0, lo_open=True, why="seconds a collective waits"),
-    "eval.every": Range(0), "eval.batches": Range(0, lo_open=True),
+    "eval.every": Range(-1, why="0 = auto, -1 = only at the end"), "eval.batches": Range(0, lo_open=True),
     "eval.batch_size": Range(0, MAX_EVAL_BATCH, lo_open=True, why="sequences or images per validation batch"),
     "checkpoint.every": Range(0, why="0 = only at the end"),
     "checkpoint.keep_last": Range(0, why="0 = keep every checkpoint"),
@@ -137,7 +137,7 @@ def validate(cfg: Config, *, training: bool = True) -> None:
         _positive(where, v)
     for where, v in [("train.warmup_steps", t.warmup_steps), ("train.weight_decay", t.weight_decay),
                      ("train.grad_clip", t.grad_clip), ("checkpoint.every", cfg.checkpoint.every),
-                     ("eval.every", cfg.eval.every), ("log.measure_step", cfg.log.measure_step)]:
+                     ("log.measure_step", cfg.log.measure_step)]:
         _positive(where, v, zero_ok=True)
     if t.dtype == "bf16" and p.device != "cuda":
         raise ConfigError("train.dtype = 'bf16' autocast is for GPUs; use --parallel.device cuda or fp32")

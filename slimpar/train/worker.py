@@ -30,6 +30,32 @@ def worker_main(cfg_dict: dict, out_dir: str) -> None:
     resumes from the newest complete checkpoint, even when the job was started with ``--fresh``.
     """
     cfg = from_dict(cfg_dict)
+    previous = _quiet_ctrl_c()
+    try:
+        _run(cfg, out_dir)
+    finally:  # an elastic worker that was interrupted keeps ignoring SIGINT until it has exited
+        interrupted = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        if previous is not None and not (interrupted and "TORCHELASTIC_RUN_ID" in os.environ):
+            signal.signal(signal.SIGINT, previous)
+
+
+def _quiet_ctrl_c():
+    """Ctrl-C ends this worker once, quietly: the first SIGINT (the terminal's) raises KeyboardInterrupt, which
+    :func:`_run` turns into exit 130; later ones (the elastic agent forwards its own) are ignored, so no
+    traceback from Python's shutdown follows. Returns the previous handler (None off the main thread)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupted(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, interrupted)
+
+
+def _run(cfg: Config, out_dir: str) -> None:
     if restart_count() > 0:
         cfg.checkpoint.resume = True
     init_attempt_group(cfg)
@@ -40,6 +66,8 @@ def worker_main(cfg_dict: dict, out_dir: str) -> None:
             # every rank done before any tears down: gloo can abort (SIGABRT) in destroy_process_group
             # while a peer still has a send in flight, which would turn a finished run into a failed one
             dist.barrier()
+    except KeyboardInterrupt:  # Ctrl-C reaches every worker: the launcher says where the run is, once
+        raise SystemExit(130) from None
     except TrainingDiverged as e:
         if ctx.is_main:  # every rank reached the same verdict; one message is enough
             print(f"slimpar: error: {e}", file=sys.stderr, flush=True)

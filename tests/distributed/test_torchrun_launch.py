@@ -2,7 +2,7 @@
 
 Under torchrun the configuration is validated once ``parallel.workers`` is the group's WORLD_SIZE (SDP at
 keep 0.5 on 2 workers used to fail as "a single worker"), and every rank writes into the one run folder
-that the first rank to ask put on the agent's TCPStore (slimpar.train.launch.default_run_folder).
+that every rank names alike, runs/<config name> (slimpar.train.launch.default_run_folder).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def test_torchrun_sdp_without_out_validates_at_world_size_and_shares_one_folder(
     _torchrun(["--standalone", "--nproc_per_node", "2", "-m", "slimpar", "train", "--config", str(TINY),
                "--parallel.mode", "sdp", *SHORT], cwd=tmp_path)
     folders = list((tmp_path / "runs").iterdir())
-    assert len(folders) == 1, folders  # both ranks wrote into the folder rank 0's proposal named
+    assert len(folders) == 1, folders  # both ranks wrote into the one folder
     out = folders[0]
-    assert out.name.startswith("llama_tiny-")
+    assert out.name == "llama_tiny"  # runs/<config name>: the same command again resumes it
     assert json.loads((out / "summary.json").read_text())["world_size"] == 2
     assert (out / "checkpoints" / "step_000002" / "trainer.json").is_file()

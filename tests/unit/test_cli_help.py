@@ -30,7 +30,34 @@ def test_train_help_lists_every_field_with_default_and_comment(tmp_path):
         (i,) = [i for i, ln in enumerate(lines) if ln.strip().startswith(key + " ")]
         assert " = " in lines[i], lines[i]  # the default
         assert lines[i + 1].strip(), f"{key} has no comment"
-    assert '--train.lr FLOAT = 0.003' in proc.stdout and "llama_tiny" in proc.stdout
+    assert "llama_tiny" in proc.stdout
+
+
+@pytest.mark.parametrize("args, shown", [
+    ([], {"--model.size STR": '"small"', "--parallel.mode STR": '"sdp"', "--parallel.workers INT": "4",
+          "--train.lr FLOAT": "0.002"}),  # the packaged default config, which plain `slimpar train` runs
+    (["--config", "llama_tiny"], {"--model.size STR": '"tiny"', "--parallel.workers INT": "1",
+                                  "--train.lr FLOAT": "0.003", "--log.progress BOOL": "false"}),
+])
+def test_train_help_shows_the_defaults_that_run(capsys, args, shown):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", *args, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for key, value in shown.items():
+        assert f"  {key} = {value}\n" in out, key
+    assert ("--config llama_tiny" if args else "the default config") in out
+
+
+def test_print_config_prints_the_resolved_toml_and_exits(capsys, tmp_path, monkeypatch):
+    import tomllib
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", "llama_tiny", "--train.steps", "7", "--print-config"]) == 0
+    printed = tomllib.loads(capsys.readouterr().out)
+    assert printed["train"]["steps"] == 7 and printed["model"]["size"] == "tiny"
+    assert printed == to_dict(load_config("llama_tiny", ["--train.steps", "7"]))
+    assert not (tmp_path / "runs").exists()  # nothing launched, nothing written
 
 
 @pytest.mark.parametrize("name", ["llama_tiny", "llama_tiny.toml", "configs/llama_tiny.toml"])

@@ -36,7 +36,7 @@ BAD = [
     ("parallel.timeout_s", "0"), ("parallel.timeout_s", "-5"), ("parallel.timeout_s", "nan"),
     ("parallel.timeout_s", "inf"),
     # [eval], [checkpoint], [log]
-    ("eval.batch_size", "100000"), ("eval.batch_size", "-1"), ("eval.batches", "0"), ("eval.every", "-1"),
+    ("eval.batch_size", "100000"), ("eval.batch_size", "-1"), ("eval.batches", "0"), ("eval.every", "-2"),
     ("checkpoint.every", "-10"), ("log.every", "0"), ("log.measure_step", "-1"),
     # [sdp] (checked in every mode: a wrong value is a mistake even where unused)
     ("sdp.keep", "0"), ("sdp.keep", "1.5"), ("sdp.keep", "nan"), ("sdp.keep", "-0.5"),

@@ -1,0 +1,36 @@
+"""Ctrl-C on a multi-worker run ends with one line naming the run folder and the command that resumes it, not
+the elastic agent's log lines and each worker's KeyboardInterrupt traceback (slimpar/cli.py, train/worker.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from tests.helpers import ROOT
+
+
+def test_ctrl_c_ends_a_ddp_run_with_one_line(tmp_path):
+    cmd = [sys.executable, "-m", "slimpar", "train", "--config", "llama_tiny", "--parallel.mode", "ddp",
+           "--parallel.workers", "2", "--train.steps", "100000", "--data.ood", "none", "--log.progress", "true",
+           "--checkpoint.every", "0"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
+    # a session of its own: the signal goes to its whole process group, as a terminal's Ctrl-C does
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    guard = threading.Timer(240, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    guard.start()
+    try:
+        for line in proc.stdout:  # non-TTY progress: one line per logged step once the workers train
+            if line.startswith("step "):
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        guard.cancel()
+    assert proc.returncode == 130, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("slimpar: interrupted; the run folder is runs/llama_tiny; to resume it: slimpar train")
