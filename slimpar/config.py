@@ -120,7 +120,7 @@ class SDPConfig:
     # re-estimate the gathered full model's BatchNorm statistics on N training batches before each evaluation
     # (its statistics were estimated on subnetworks, so without it validation can be near chance); cost: N
     # forward passes of one global batch (train.batch_size) without gradients, on every worker, per evaluation
-    bn_recalibrate: int = -1  # batches; -1 = auto (20 if the model has BatchNorm, else 0); 0 = off
+    bn_recalibrate: int = -1  # N; -1 = auto (20 with BatchNorm, else 0); 0 = off; costs N forward passes per eval
     fsdp: int = 1  # shard each worker's subnetwork over this many ranks with FSDP2 (2-D layout)
     holder_shard: bool = False  # FSDP2-shard every block over its own holder group (its averaging is FSDP's)
     virtual: bool = False  # simulate the SDP workers one after another in one process (parallel.workers = 1)
