@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from slimpar import __version__
-from slimpar.config import DEFAULT_CONFIG, Config, ConfigError, config_help
+from slimpar.cli_help import config_help
+from slimpar.config import DEFAULT_CONFIG, Config, ConfigError
 
 
 class _Default(str):
@@ -135,7 +136,7 @@ def _eval(args: argparse.Namespace, rest: list[str]) -> int:
         return lm_eval_command(args.run, args.lm_eval, args.limit, args.verbose)
     from slimpar.train.evaluate_run import evaluate_run
 
-    evaluate_run(Path(args.run), rest)
+    evaluate_run(Path(args.run), rest, through_codecs=args.through_codecs)
     return 0
 
 
@@ -216,6 +217,9 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     t.set_defaults(func=_train)
     e = sub.add_parser("eval", help="evaluate a finished run folder")
     e.add_argument("--run", required=True, help="run folder written by slimpar train")
+    e.add_argument("--through-codecs", dest="through_codecs", action="store_true",
+                   help="a pipeline run: evaluate through its boundary codecs, as the pipeline trained (all stages "
+                        "in one process; writes eval_through_codecs.json); default: the model without its codecs")
     e.add_argument("--lm-eval", dest="lm_eval", metavar="TASKS",
                    help="evaluate with lm-evaluation-harness instead: 'slimpar' (all local tasks: shakespeare_bpb, "
                         "wikipedia_bpb, shakespeare_nextline) and/or lm-eval task names found in the local cache")

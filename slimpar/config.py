@@ -117,7 +117,10 @@ class SDPConfig:
     check_every: int = 50  # verify holders' replicas are bit-identical (BLAKE2b of the bytes) every K steps; 0 = never
     flop_matched: bool = False  # scale the number of steps by 1/keep
     eval_rescale: str = "none"  # none | survival (scale block residuals by keep at evaluation)
-    bn_recalibrate: int = 0  # re-estimate the full model's BatchNorm statistics on N training batches before eval
+    # re-estimate the gathered full model's BatchNorm statistics on N training batches before each evaluation
+    # (its statistics were estimated on subnetworks, so without it validation can be near chance); cost: N
+    # forward passes of one global batch (train.batch_size) without gradients, on every worker, per evaluation
+    bn_recalibrate: int = -1  # N; -1 = auto (20 with BatchNorm, else 0); 0 = off; costs N forward passes per eval
     fsdp: int = 1  # shard each worker's subnetwork over this many ranks with FSDP2 (2-D layout)
     holder_shard: bool = False  # FSDP2-shard every block over its own holder group (its averaging is FSDP's)
     virtual: bool = False  # simulate the SDP workers one after another in one process (parallel.workers = 1)
@@ -332,13 +335,13 @@ def from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
-def _toml_value(v: Any) -> str:
+def toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     return repr(v)
 
 
@@ -349,53 +352,11 @@ def to_toml(cfg: Config) -> str:
     def section(name: str, d: dict[str, Any]) -> None:
         lines.append(f"[{name}]")
         subs = {k: v for k, v in d.items() if isinstance(v, dict)}
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in d.items() if not isinstance(v, dict))
+        lines.extend(f"{k} = {toml_value(v)}" for k, v in d.items() if not isinstance(v, dict))
         lines.append("")
         for k, v in subs.items():
             section(f"{name}.{k}", v)
 
     for name, d in to_dict(cfg).items():
         section(name, d)
-    return "\n".join(lines)
-
-
-def field_docs(cls: type = Config, prefix: str = "", values: Any = None) -> list[tuple[str, str, str, str]]:
-    """Every leaf field as ``(--section.key, type, default, comment)``, read from the dataclasses' source;
-    the defaults are ``values``' (a loaded config: what runs) or, without it, the dataclasses' own.
-
-    The comments after each field are the documentation, so ``--help`` can never drift from the code.
-    """
-    import inspect
-
-    comments: dict[str, str] = {}
-    for line in inspect.getsource(cls).splitlines():
-        name, sep, rest = line.strip().partition(":")
-        if sep and "#" in rest and name.isidentifier():
-            comments[name] = rest.split("#", 1)[1].strip()
-    hints, out, default = typing.get_type_hints(cls), [], cls() if values is None else values
-    for f in dataclasses.fields(cls):
-        value = getattr(default, f.name)
-        if dataclasses.is_dataclass(value):
-            out += field_docs(type(value), f"{prefix}{f.name}.", value)
-            continue
-        tp = hints[f.name]
-        type_name = getattr(tp, "__name__", str(tp)) if typing.get_origin(tp) is not list else "list"
-        out.append((f"--{prefix}{f.name}", type_name, _toml_value(value), comments.get(f.name, "")))
-    return out
-
-
-def config_help(cfg: Config | None = None, source: str = "") -> str:
-    """The ``--help`` epilog of commands that take a config: every field, its type, default and meaning;
-    the defaults shown are ``cfg``'s, the config loaded from ``source`` (what a run without overrides runs)."""
-    lines = [f"config fields, with the values of {source or 'the dataclasses'} (override any with --section.key "
-             "VALUE; lists as a,b,c):"]
-    section = None
-    for key, tp, default, comment in field_docs(values=cfg):
-        head = key[2:].split(".")[0]
-        if head != section:
-            section = head
-            lines.append(f"\n  [{section}]")
-        lines.append(f"  {key} {tp.upper()} = {default}\n      {comment}")
-    names = ", ".join(packaged_configs())
-    lines.append(f"\npackaged configs (--config NAME): {names}")
     return "\n".join(lines)

@@ -80,6 +80,20 @@ def effective_state_dict(module: nn.Module) -> dict[str, Tensor]:
     return out
 
 
+def load_effective_state_dict(module: nn.Module, state: dict[str, Tensor]) -> None:
+    """The inverse of ``effective_state_dict``: load plain LLaMA weights (``state``, full-model names) into
+    ``module``, SSN layers as their trainable factors (W′ = Uᵀ W, E_k = (E − F) U, exact for weights of the
+    form SSN computes). Keys ``module`` lacks are ignored (another stage's); a missing one raises."""
+    mine = dict(state)
+    for name, sub in module.named_modules():
+        key = f"{name}.weight"
+        if isinstance(sub, SubspaceLinear):
+            mine[key] = sub.U.t() @ state[key]  # (k, in)
+        elif isinstance(sub, SubspaceEmbedding):
+            mine[key] = (state[key] - sub.F) @ sub.U  # (V, k)
+    module.load_state_dict({k: mine[k] for k in module.state_dict()}, strict=True)
+
+
 def residual_in_subspace(h: Tensor, ids: Tensor, U: Tensor, table: Tensor) -> float:
     """max |(I − UUᵀ)(h − F[t])|: how far a residual stream is from SSN's subspace (0 up to rounding)."""
     x = h.detach() - table[ids]

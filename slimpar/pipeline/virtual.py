@@ -100,3 +100,24 @@ class VirtualPipeline:
         """Checksum every boundary's shared parameters; returns how many boundaries were resynced."""
         ends = [e for pair in self.syncs for e in pair]
         return sum(run_phases(ends, "check_post", "check_finish")) // 2 if ends else 0
+
+
+def load_codec_state(stages: list[StageModule], state: dict[str, torch.Tensor]) -> None:
+    """Load a run export's codec tensors (``codecs.*`` without the prefix: ``send{s}.*``, ``recv{s}.*``) into
+    all P ``stages``, ready to evaluate.
+
+    An export holds tensors only: an RVQ's counters (its extra state) are not in it, and a receiver's codebook
+    copy is no module state. The trained codebooks are, so every RVQ is marked initialised and each receiver's
+    copy is set to its sender's codebooks, which is what the last training message left it holding.
+    """
+    for stage in stages:
+        mine = {k: v for k, v in state.items() if k.split(".", 1)[0] in stage.codecs}
+        missing, unexpected = stage.codecs.load_state_dict(mine, strict=False)
+        wrong = [k for k in missing if not k.endswith("_extra_state")] + list(unexpected)
+        if wrong:
+            raise ValueError(f"stage {stage.stage}: codec state does not fit this run's codecs: {wrong}")
+    for enc, dec in ((a.encoder, b.decoder) for a, b in zip(stages[:-1], stages[1:], strict=True)):
+        if enc is not None and enc.rvq is not None:
+            enc.rvq.initialized = True
+            dec.codebook.codebooks = enc.rvq.codebooks.detach().to(dec.codebook.codebooks.dtype, copy=True)
+            dec.codebook.version = enc.rvq.version

@@ -2,7 +2,9 @@
 
 OUT gets ``config.json``, ``model.safetensors`` with HF parameter names, and the run's tokenizer as
 ``tokenizer.json`` + ``tokenizer_config.json``, so that ``LlamaForCausalLM.from_pretrained(OUT)`` and
-``AutoTokenizer.from_pretrained(OUT)`` load it without slimpar.
+``AutoTokenizer.from_pretrained(OUT)`` load it without slimpar. A pipeline run's boundary codec state
+(``codecs.*`` in the run's export) is no part of the model: it goes beside it, in ``codecs.safetensors``
+(names without the ``codecs.`` prefix, e.g. ``send0.projector.A``; docs/huggingface.md).
 """
 
 from __future__ import annotations
@@ -11,14 +13,20 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
+
 from slimpar.config import ConfigError, load_config
 from slimpar.data.tokenizer import EOT
 from slimpar.models.hf_llama import HFFormatError, save_hf
 from slimpar.train.build import llama_config
 from slimpar.train.checkpoint import load_safetensors, verify_export
+from slimpar.train.evaluate_run import split_codec_state
 from slimpar.train.init_from import check_init_from
 from slimpar.train.manifest import MANIFEST, write_manifest
 from slimpar.train.run_files import TOKENIZER_FILE
+from slimpar.utils import chmod_as_created
+
+CODECS_FILE = "codecs.safetensors"
 
 
 def export_hf(run_dir: Path, out_dir: Path) -> list[Path]:
@@ -35,17 +43,27 @@ def export_hf(run_dir: Path, out_dir: Path) -> list[Path]:
     if cfg.model.arch != "llama":
         raise ConfigError(f"only LLaMA runs export to the Hugging Face format (this run: {cfg.model.arch})")
     check_init_from(cfg, run_dir)  # llama_config reads the init_from folder's config.json
-    state = load_safetensors(weights)
+    state, codecs = split_codec_state(load_safetensors(weights))
     lc = llama_config(cfg, vocab_size=state["tok_embeddings.weight"].shape[0])
     try:
         written = save_hf(state, lc, out_dir)
     except HFFormatError as e:
         raise ConfigError(f"{weights}: {e}") from None
+    if codecs:
+        written.append(_write_codecs(codecs, out_dir / CODECS_FILE))
     tokenizer = run_dir / TOKENIZER_FILE
     if tokenizer.is_file():
         written += _write_tokenizer(tokenizer, out_dir, lc.max_seq_len)
     write_manifest(out_dir, [p.relative_to(out_dir).as_posix() for p in written])  # sha256 of what was written
     return written + [out_dir / MANIFEST]
+
+
+def _write_codecs(codecs: dict[str, torch.Tensor], path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in codecs.items()}, str(path), metadata={"format": "pt"})
+    chmod_as_created(path)  # save_file leaves 0600
+    return path
 
 
 def _write_tokenizer(tokenizer: Path, out_dir: Path, max_len: int) -> list[Path]:

@@ -109,6 +109,17 @@ def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     return out | {"per_rank": per_rank}
 
 
+VAL_GAP = 3.0  # a validation loss this many times the training loss draws the closing warning
+
+
+def val_gap_warning(train_loss: float, val_loss: float | None, fix: str) -> str | None:
+    """A warning when ``val_loss`` > VAL_GAP x ``train_loss`` (None otherwise, or where either is unknown)."""
+    if val_loss is None or not train_loss > 0 or not val_loss > VAL_GAP * train_loss:
+        return None
+    return (f"validation loss {val_loss:.4g} is {val_loss / train_loss:.1f}x the training loss {train_loss:.4g} "
+            f"(more than {VAL_GAP:g}x): {fix}")
+
+
 def _mean_max(summary: dict[str, Any], mean: str, most: str) -> str:
     if summary.get(mean) is None:
         return "-"

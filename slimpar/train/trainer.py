@@ -33,6 +33,7 @@ from slimpar.train.metrics import (
     median_step_time,
     merge_ranks,
     print_summary,
+    val_gap_warning,
     versions,
 )
 from slimpar.train.run_files import record_run_files
@@ -256,6 +257,10 @@ class Trainer:
             check_export(full)
             export_safetensors(full, ctx.out_dir / "model.safetensors",
                                {"config": json.dumps(to_dict(cfg)), "step": str(self.total)})
+        warning = val_gap_warning(summary["train_loss"], results.get("val_loss"), self.strategy.val_gap_fix())
+        if warning:
+            summary["warnings"] = [warning]
+            print(f"warning: {warning}", flush=True)
         (ctx.out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         for sink in self.sinks:
             sink.write_summary(summary, self.total)

@@ -19,7 +19,7 @@ SDP_RANGES: dict[str, Range] = {
     "sdp.min_holders": Range(1, why="every component needs a holder"),
     "sdp.groups": Range(0, why="0 = the default grouping"),
     "sdp.refresh_every": Range(1), "sdp.check_every": Range(0, why="0 = never"),
-    "sdp.bn_recalibrate": Range(0, why="batches; 0 = off"), "sdp.fsdp": Range(1),
+    "sdp.bn_recalibrate": Range(-1, why="batches; 0 = off, -1 = auto"), "sdp.fsdp": Range(1),
     "sdp.virtual_workers": Range(1, why="the simulated workers of sdp.virtual"),
 }
 
@@ -31,8 +31,8 @@ def validate_sdp(cfg: Config) -> None:
     _choice("sdp.regime", s.regime, ("forward", "backward"))
     _choice("sdp.assignment", s.assignment, ("cyclic", "random", "explicit"))
     _choice("sdp.eval_rescale", s.eval_rescale, ("none", "survival"))
-    if s.bn_recalibrate < 0:
-        raise ConfigError(f"sdp.bn_recalibrate must be >= 0 batches, got {s.bn_recalibrate}")
+    if s.bn_recalibrate < -1:
+        raise ConfigError(f"sdp.bn_recalibrate must be >= 0 batches or -1 (auto), got {s.bn_recalibrate}")
     if s.virtual:
         _check_virtual(cfg)
     if s.fsdp < 1 or workers % s.fsdp:

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from slimpar.config import config_help
+from slimpar.cli_help import config_help
 from slimpar.data.text import VAL_FRACTION
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -41,7 +41,7 @@ BAD = [
     # [sdp] (checked in every mode: a wrong value is a mistake even where unused)
     ("sdp.keep", "0"), ("sdp.keep", "1.5"), ("sdp.keep", "nan"), ("sdp.keep", "-0.5"),
     ("sdp.keep_per_worker", "0.5,nan"), ("sdp.keep_per_worker", "0.5,2"), ("sdp.min_holders", "0"),
-    ("sdp.groups", "-1"), ("sdp.check_every", "-1"), ("sdp.fsdp", "0"), ("sdp.bn_recalibrate", "-1"),
+    ("sdp.groups", "-1"), ("sdp.check_every", "-1"), ("sdp.fsdp", "0"), ("sdp.bn_recalibrate", "-2"),
     # [pipeline]
     ("pipeline.spel_lr", "nan"), ("pipeline.spel_lr", "inf"), ("pipeline.spel_lr", "-0.01"),
     ("pipeline.spel_momentum", "1"), ("pipeline.spel_momentum", "nan"), ("pipeline.microbatches", "0"),

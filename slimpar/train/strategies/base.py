@@ -136,6 +136,11 @@ class Strategy:
         """Extra rows of the closing table."""
         return []
 
+    def val_gap_fix(self) -> str:
+        """What to try when validation loss is far above training loss (the run's closing warning)."""
+        return ("the model may overfit, or the validation data differ from the training data (data.*); "
+                "compare the training and validation curves with eval.every")
+
 
 class DDPStrategy(Strategy):
     """torch DDP. ``gradient_as_bucket_view`` makes gradients views of DDP's buckets, which saves a

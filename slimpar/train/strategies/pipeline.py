@@ -43,7 +43,8 @@ from slimpar.train.strategies.pipeline_specs import codec_specs
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
-def _stages_of(cfg, model, which: list[int]) -> list:
+def build_run_stages(cfg, model, which: list[int]) -> list:
+    """Stage modules ``which`` of the run's pipeline (codecs from the config), as training builds them."""
     from slimpar.parallel.ac import apply_ac
 
     specs = codec_specs(cfg, model.cfg.dim, model.cfg.vocab_size)
@@ -75,7 +76,7 @@ class PipelineStrategy(PipelineStrategyBase):
         layout = PipelineLayout.of(cfg.pipeline.stages, ctx.world, ctx.rank)
         self.layout, self.ctx = layout, ctx
         self.groups = build_groups(layout, ctx.group, ctx.timeout)
-        stage = _stages_of(cfg, model, [layout.stage])[0].to(ctx.device)
+        stage = build_run_stages(cfg, model, [layout.stage])[0].to(ctx.device)
         super().__init__(cfg, [stage], layout.replica, layout.replicas)
         mb = cfg.train.batch_size // layout.replicas // cfg.pipeline.microbatches
         self.pp_stage = CodecPipelineStage(stage, (mb, cfg.data.seq_len), model.cfg.vocab_size, ctx.device,
@@ -218,7 +219,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
 
     def __init__(self, cfg, model, ctx):
         self.model_dim = model.cfg.dim
-        stages = [s.to(ctx.device) for s in _stages_of(cfg, model, list(range(cfg.pipeline.stages)))]
+        stages = [s.to(ctx.device) for s in build_run_stages(cfg, model, list(range(cfg.pipeline.stages)))]
         super().__init__(cfg, stages, 0, 1)
         self.pipe = VirtualPipeline(stages, self.counter, loss_fn, cfg.pipeline.sync_dtype)
         self.resyncs = 0

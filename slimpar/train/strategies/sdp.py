@@ -30,6 +30,22 @@ def plan_from_config(cfg: Config, model: nn.Module, workers: int | None = None) 
                       tokens_per_worker=-(-t.batch_size // (n * t.grad_accum)) * cfg.data.seq_len)
 
 
+BN_AUTO_BATCHES = 20  # sdp.bn_recalibrate = -1 (auto) on a model with BatchNorm
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def bn_batches(cfg: Config, batchnorm: bool) -> int:
+    """``sdp.bn_recalibrate`` resolved: an explicit N, or for -1 (auto) ``BN_AUTO_BATCHES`` when the model
+    has BatchNorm (``batchnorm``: the gathered full model's statistics are stale otherwise), else 0."""
+    n = cfg.sdp.bn_recalibrate
+    if n >= 0:
+        return n
+    return BN_AUTO_BATCHES if batchnorm else 0
+
+
 class SDPStrategy(Strategy):
     name = "sdp"
     eval_sharded = True
@@ -38,6 +54,7 @@ class SDPStrategy(Strategy):
         super().__init__(model, ctx.group, cfg)
         self.ctx = ctx
         self.plan = plan_from_config(cfg, model, self._workers())
+        self.batchnorm = has_batchnorm(model)
         self.wrapper = self._wrap(model)
         self.module = self.wrapper
         self._full: nn.Module | None = None
@@ -109,9 +126,9 @@ class SDPStrategy(Strategy):
         return self._full
 
     def _recalibrate(self, full: nn.Module) -> None:
-        """``sdp.bn_recalibrate`` > 0: BatchNorm statistics of the full model from the first N global
-        training batches, identical on every worker (slimpar.sdp.gather.recalibrate_batchnorm)."""
-        n, data = self.cfg.sdp.bn_recalibrate, self._data
+        """BatchNorm statistics of the full model from the first N global training batches (N:
+        ``bn_batches``), identical on every worker (slimpar.sdp.gather.recalibrate_batchnorm)."""
+        n, data = bn_batches(self.cfg, self.batchnorm), self._data
         if not n or data is None:
             return
         from slimpar.sdp.gather import recalibrate_batchnorm
@@ -145,10 +162,11 @@ class SDPStrategy(Strategy):
 
     def summary_extras(self) -> dict:
         p = self.plan
-        out = {"sdp_plan": {"assignment": p.assignment, "keep_per_worker": p.keep_per_worker,
+        out = {"sdp_plan": {"assignment": p.assignment, **keep_report(p), "keep_per_worker": p.keep_per_worker,
                             "holders_per_component": p.holders_per_component, "connected": p.connected,
                             "spectral_gap": p.spectral_gap, "masking_error": p.masking_error,
-                            "bytes_per_worker": p.bytes_per_worker}}
+                            "bytes_per_worker": p.bytes_per_worker, "warnings": p.warnings(),
+                            "bn_recalibrate_batches": bn_batches(self.cfg, self.batchnorm)}}
         if p.memory is None:
             return out
         # sdp.memory_budget: worker i's prediction sits next to per_rank[i]["mem"] (rank i is worker i: fsdp = 1)
@@ -167,8 +185,8 @@ class SDPStrategy(Strategy):
         mine = summary["mem_breakdown"]
         held = sum(mine.get(k) or 0 for k in ("params", "grads", "optimizer"))
         rows = [
-            ("SDP plan", f"{self.plan.assignment}, keep {self.plan.keep_per_worker[0]:.3g}, "
-                         f"spectral gap {self.plan.spectral_gap:.3f}"),
+            ("SDP plan", f"{self.plan.assignment}, {keep_text(self.plan)}, spectral gap {self.plan.spectral_gap:.3f}"),
+            *(("  note", w) for w in self.plan.warnings()),
             ("params+grads+optimizer / worker: SDP (measured)", fmt_bytes(held)),
             ("params+grads+optimizer / worker: DDP (from the plan)", fmt_bytes(ddp_static)),
             ("gradient bytes / step / worker: SDP plan floor", fmt_bytes(a["total"])),
@@ -182,6 +200,12 @@ class SDPStrategy(Strategy):
                 rows.append((f"worker {i}: keep {c:.3g}, budget {fmt_bytes(b)}",
                              f"peak {fmt_bytes(pred)} predicted, {fmt_bytes(measured)} measured"))
         return rows
+
+    def val_gap_fix(self) -> str:
+        if self.batchnorm and not bn_batches(self.cfg, self.batchnorm):
+            return ("the gathered full model's BatchNorm statistics were estimated on subnetworks: re-estimate them "
+                    f"with --sdp.bn_recalibrate {BN_AUTO_BATCHES} (or -1, the default: auto)")
+        return super().val_gap_fix()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.eval_module().state_dict())
@@ -206,6 +230,26 @@ class SDPStrategy(Strategy):
     def _refresh_bytes(self) -> int:
         """Backward regime: bytes this rank broadcasts as a refresh root (slimpar.sdp.roots) each step."""
         return refresh_root_bytes(self.cfg, self.plan, self.ctx.rank)
+
+
+def keep_report(plan: Plan) -> dict:
+    """The keep asked (None: an explicit mask or memory budgets) and the share each worker holds, as mean and
+    range: a keep is rounded to whole components, so workers may hold more or less than asked."""
+    held = plan.keep_per_worker
+    return {"keep_asked": None if plan.keep_asked is None else list(plan.keep_asked),
+            "keep_held": {"mean": sum(held) / len(held), "min": min(held), "max": max(held)}}
+
+
+def keep_text(plan: Plan) -> str:
+    """``keep 0.5 asked, held 0.55 mean (0.2-0.8 over workers)`` for the closing table's plan row."""
+    k = keep_report(plan)
+    asked, h = k["keep_asked"], k["keep_held"]
+    text = "keep "
+    if asked is not None:
+        text += f"{asked[0]:.3g} asked, " if len(set(asked)) == 1 else f"{min(asked):.3g}-{max(asked):.3g} asked, "
+    if h["min"] == h["max"]:
+        return text + f"held {h['mean']:.3g} by every worker"
+    return text + f"held {h['mean']:.3g} mean ({h['min']:.3g}-{h['max']:.3g} over workers)"
 
 
 def refresh_root_bytes(cfg: Config, plan: Plan, worker: int) -> int:
