@@ -154,6 +154,7 @@ class PipelineConfig:
     polar: str = "polar_express"  # polar_express | eigh
     checksum_every: int = 50  # compare both boundary copies of A every N steps, resync on mismatch
     sync_dtype: str = "int8"  # int8 | bf16 | fp32: how each end's part of A's gradient is exchanged
+    tied_sync_dtype: str = "fp32"  # fp32 (exact) | bf16 | int8: the same for a tied embedding/head's gradient parts
     virtual: bool = False  # run all stages in one process (no process group)
     projector_init: str = "auto"  # auto (pca for mapl with r < d, else random) | random (QR of a Gaussian) | pca
     pca_batches: int = 1  # training batches whose boundary activations the pca start uses

@@ -5,6 +5,12 @@ backward bytes on its receiver. ``summarize`` merges the ranks' totals into byte
 for one pipeline (replicas send the same and are averaged out), per boundary, direction and category,
 and compares them with the uncompressed pipeline's bytes for the same model and batch, which are
 analytic: every boundary sends (tokens per step) · d float32 numbers each way.
+
+A tied embedding and head (kind ``tied``, stage 0 <-> stage P − 1) is not boundary traffic: it is
+summed apart as ``tied_bytes_per_step_*``, the rest as ``boundary_bytes_per_step_*`` (activation /
+gradient codes and A's sync), and the ratio is given for the boundaries alone
+(``compression_ratio_boundary*``, what the codec achieves) and for the total (``compression_ratio*``,
+what the pipeline sends). ``comm_bytes_per_step_*`` stay the totals: boundary + tied.
 """
 
 from __future__ import annotations
@@ -23,20 +29,24 @@ def summarize(per_rank: list[dict], stages: int, replicas: int, tokens_per_step:
     """summary.json entries from every rank's ``rank_stats`` (see strategy)."""
     steps = max((r["steps"] for r in per_rank), default=0) or 1
     per_boundary: dict[int, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    sums = dict.fromkeys(DIRECTIONS, 0.0)
+    boundary, tied = dict.fromkeys(DIRECTIONS, 0.0), dict.fromkeys(DIRECTIONS, 0.0)
     for r in per_rank:
         for b, direction, cat, n in r["rows"]:
             value = n / replicas / steps
             per_boundary[b][direction][cat] = per_boundary[b][direction].get(cat, 0.0) + value
-            sums[direction] += value
+            (tied if cat == "tied" else boundary)[direction] += value
     none = none_bytes_per_step(stages, tokens_per_step, d)
+    sums = {k: boundary[k] + tied[k] for k in DIRECTIONS}
     out = {
         "comm_bytes_per_step_fwd": sums["fwd"],
         "comm_bytes_per_step_bwd": sums["bwd"],
+        "boundary_bytes_per_step_fwd": boundary["fwd"],
+        "boundary_bytes_per_step_bwd": boundary["bwd"],
+        "tied_bytes_per_step_fwd": tied["fwd"],
+        "tied_bytes_per_step_bwd": tied["bwd"],
         "comm_bytes_per_step_none": none,
-        "compression_ratio": 2 * none / max(sums["fwd"] + sums["bwd"], 1e-12),
-        "compression_ratio_fwd": none / max(sums["fwd"], 1e-12),
-        "compression_ratio_bwd": none / max(sums["bwd"], 1e-12),
+        **_ratios("", sums, none),
+        **_ratios("_boundary", boundary, none),
         "bytes_fraction_fwd": sums["fwd"] / none,
         "bytes_fraction_bwd": sums["bwd"] / none,
         "comm_breakdown": {f"b{b}": {d_: {c: v[d_].get(c, 0.0) for c in CATEGORIES} for d_ in DIRECTIONS}
@@ -48,6 +58,13 @@ def summarize(per_rank: list[dict], stages: int, replicas: int, tokens_per_step:
         "pipeline_train_steps_counted": steps,
     }
     return out
+
+
+def _ratios(suffix: str, sums: dict[str, float], none: float) -> dict[str, float]:
+    """``compression_ratio{suffix}`` (fwd + bwd) and its ``_fwd`` / ``_bwd``: uncompressed / sent."""
+    return {f"compression_ratio{suffix}": 2 * none / max(sums["fwd"] + sums["bwd"], 1e-12),
+            f"compression_ratio{suffix}_fwd": none / max(sums["fwd"], 1e-12),
+            f"compression_ratio{suffix}_bwd": none / max(sums["bwd"], 1e-12)}
 
 
 def _merge_counts(items) -> dict[str, int]:
@@ -62,10 +79,18 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     """Rows for the closing table of ``slimpar train``."""
     from slimpar.utils import fmt_bytes
 
-    rows = [("pipeline bytes / step fwd (all boundaries)", fmt_bytes(summary.get("comm_bytes_per_step_fwd"))),
-            ("pipeline bytes / step bwd (all boundaries)", fmt_bytes(summary.get("comm_bytes_per_step_bwd"))),
-            ("  uncompressed, each direction", fmt_bytes(summary.get("comm_bytes_per_step_none"))),
-            ("compression ratio (fwd + bwd)", f"{summary.get('compression_ratio', 0):.2f}x"),
-            ("max |AᵀA − I|", f"{summary.get('max_orth_error', 0):.1e}"),
-            ("SPEL share of step time", f"{100 * summary.get('spel_time_share', 0):.1f}%")]
+    tied = summary.get("tied_bytes_per_step_fwd", 0) + summary.get("tied_bytes_per_step_bwd", 0)
+    rows = [("pipeline bytes / step fwd (all boundaries)", fmt_bytes(summary.get("boundary_bytes_per_step_fwd"))),
+            ("pipeline bytes / step bwd (all boundaries)", fmt_bytes(summary.get("boundary_bytes_per_step_bwd"))),
+            ("  uncompressed, each direction", fmt_bytes(summary.get("comm_bytes_per_step_none")))]
+    if tied:  # a tied embedding / head: its exchange is not boundary traffic and is shown apart
+        rows += [("tied weight exchange / step, stage 0 → last", fmt_bytes(summary.get("tied_bytes_per_step_fwd"))),
+                 ("tied weight exchange / step, last → stage 0", fmt_bytes(summary.get("tied_bytes_per_step_bwd"))),
+                 ("compression ratio, boundaries (fwd + bwd)",
+                  f"{summary.get('compression_ratio_boundary', 0):.2f}x"),
+                 ("compression ratio, total with tied exchange", f"{summary.get('compression_ratio', 0):.2f}x")]
+    else:
+        rows.append(("compression ratio (fwd + bwd)", f"{summary.get('compression_ratio', 0):.2f}x"))
+    rows += [("max |AᵀA − I|", f"{summary.get('max_orth_error', 0):.1e}"),
+             ("SPEL share of step time", f"{100 * summary.get('spel_time_share', 0):.1f}%")]
     return rows

@@ -174,13 +174,16 @@ class SharedParamSync:
         return True
 
 
-def tied_sync(params: list[tuple[str, nn.Parameter, bool | str]], role: str, link: Link) -> SharedParamSync:
-    """One end of a tied embedding/head exchange: exact fp32 parts, kind ``tied``, its own tags.
+def tied_sync(params: list[tuple[str, nn.Parameter, bool | str]], role: str, link: Link,
+              dtype: str = "fp32") -> SharedParamSync:
+    """One end of a tied embedding/head exchange: exact fp32 parts by default, kind ``tied``, its own tags.
 
     fp32 whatever ``pipeline.sync_dtype`` says: the tied weight's gradient is a large part of the
     model's, and summing exact parts gives the single-process tied model's gradient (to rounding).
+    ``pipeline.tied_sync_dtype`` (bf16, int8) trades that parity for 2x / ~4x fewer bytes; both ends
+    still sum the same decoded parts, so the two copies stay identical.
     """
-    return SharedParamSync(params, role, link, "fp32", "tied", TIED_TAGS)
+    return SharedParamSync(params, role, link, dtype, "tied", TIED_TAGS)
 
 
 def run_phases(ends: list[SharedParamSync], first: str, second: str, **kwargs) -> list:

@@ -29,7 +29,8 @@ from slimpar.pipeline.wire import ByteCounter, LocalLink, recv_message, send_mes
 class VirtualPipeline:
     """``stages`` (all P of them) connected by local links; ``loss_fn(logits, y)`` per microbatch."""
 
-    def __init__(self, stages: list[StageModule], counter: ByteCounter, loss_fn, sync_dtype: str = "int8"):
+    def __init__(self, stages: list[StageModule], counter: ByteCounter, loss_fn, sync_dtype: str = "int8",
+                 tied_dtype: str = "fp32"):
         self.stages, self.counter, self.loss_fn = stages, counter, loss_fn
         device = next(stages[0].parameters()).device
         self.links = [LocalLink.pair(p, counter, device) for p in range(len(stages) - 1)]  # (sender, receiver)
@@ -39,10 +40,10 @@ class VirtualPipeline:
             if enc.shared_parameters():
                 self.syncs.append((SharedParamSync(enc.shared_parameters(), "sender", self.links[p][0], sync_dtype),
                                    SharedParamSync(dec.shared_parameters(), "receiver", self.links[p][1], sync_dtype)))
-        if stages[0].tied_parameters():  # exact fp32 parts, whatever sync_dtype says (docs/pipeline.md)
+        if stages[0].tied_parameters():  # exact fp32 parts by default, whatever sync_dtype says (docs/pipeline.md)
             first, last = LocalLink.pair(len(stages) - 1, counter, device)
-            self.syncs.append((tied_sync(stages[0].tied_parameters(), "sender", first),
-                               tied_sync(stages[-1].tied_parameters(), "receiver", last)))
+            self.syncs.append((tied_sync(stages[0].tied_parameters(), "sender", first, tied_dtype),
+                               tied_sync(stages[-1].tied_parameters(), "receiver", last, tied_dtype)))
 
     def set_batch(self, x: Tensor, microbatches: int) -> None:
         """Stage 0 always knows the ids; the others read them locally unless they arrive on the wire."""

@@ -16,7 +16,8 @@ from slimpar.config import Config, ConfigError
 # summary.json keys logged once, at the last step (memory and bytes are measured on one instrumented step)
 SUMMARY_KEYS = ("val_loss", "val_bits_per_byte", "val_wikipedia_loss", "val_accuracy", "peak_mem_bytes",
                 "comm_bytes_per_step", "wire_bytes_per_step", "step_time_s", "tokens_per_s",
-                "comm_bytes_per_step_fwd", "comm_bytes_per_step_bwd", "compression_ratio")
+                "comm_bytes_per_step_fwd", "comm_bytes_per_step_bwd", "compression_ratio",
+                "tied_bytes_per_step_fwd", "tied_bytes_per_step_bwd", "compression_ratio_boundary")
 
 # config field -> (the module it imports, the extra that installs it)
 TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}

@@ -67,6 +67,7 @@ def _check_choices(cfg: Config) -> None:
     _choice("pipeline.ids", pc.ids, ("send", "local"))
     _choice("pipeline.polar", pc.polar, ("polar_express", "eigh"))
     _choice("pipeline.sync_dtype", pc.sync_dtype, SYNC_DTYPES)
+    _choice("pipeline.tied_sync_dtype", pc.tied_sync_dtype, SYNC_DTYPES)
     _choice("pipeline.projector_init", pc.projector_init, ("auto", "random", "pca"))
     _choice("pipeline.spel_schedule", pc.spel_schedule, SPEL_SCHEDULES)
     _choice("pipeline.clip_projector", pc.clip_projector, CLIP_MODES)

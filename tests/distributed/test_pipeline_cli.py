@@ -7,7 +7,8 @@
   of every shared parameter identical and orthonormal at the end, every byte accounted for;
 - ``none`` with tied embeddings, 2 stages (the tie's exchange on the boundary's ranks) and 4 stages (a
   direct link between stage 0 and stage 3): the same losses, validation loss and exported (tied)
-  weights as the single-process tied model, and the tied exchange's bytes equal the hand count.
+  weights as the single-process tied model, and the tied exchange's bytes equal the hand count, per rank
+  and in the summary's ``tied_bytes_per_step_*``, apart from the boundary bytes.
 (``mapl`` with r = d from the identity equals ``none``: tests/unit/test_pipeline_virtual.py, in one
 process, since the stages, codecs and messages are the same code.)
 """
@@ -95,6 +96,14 @@ def test_tied_exchange_bytes_equal_hand_counts(runs, run: str, stages: int, chec
             payload[f"b{stage - 1}_bwd_payload"] = activation
         assert record["pipeline_bytes_by_key"] == {**payload, **tied.get(stage, {})}, (run, stage)
     assert s["shared_param_resyncs"] == 0
+    # the summary reports the tied exchange apart: a mean over the 3 steps' distinct ids, the dense head
+    steps = s["pipeline_train_steps_counted"]
+    u_mean = sum(len(torch.unique(build_data(cfg).train_batch(k, 0, 1, B, T)[0])) for k in range(steps)) / steps
+    assert s["tied_bytes_per_step_fwd"] == pytest.approx(u_mean * D * 4 + check / steps)
+    assert s["tied_bytes_per_step_bwd"] == pytest.approx(V * D * 4 + check / steps)
+    for d in ("fwd", "bwd"):
+        assert s[f"boundary_bytes_per_step_{d}"] + s[f"tied_bytes_per_step_{d}"] == s[f"comm_bytes_per_step_{d}"]
+    assert s["compression_ratio_boundary"] == 1.0 > s["compression_ratio"]  # codec none: only the tie costs
 
 
 def test_bytes_counted_at_the_send_equal_c10d_and_hand_counts(runs) -> None:

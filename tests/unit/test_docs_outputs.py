@@ -23,3 +23,16 @@ def test_rescale_rows_of_the_summary_are_documented():
     (row,) = [ln for ln in OUTPUTS.splitlines() if "_rescale_survival" in ln and ln.startswith("|")]
     for words in ("`val_*_rescale_none`", "sdp.eval_rescale", "k_c / N", "val loss rescale survival"):
         assert words in row, words
+
+
+def test_tied_and_boundary_keys_of_a_pipeline_summary_are_documented():
+    from slimpar.pipeline.accounting import summarize
+
+    rank = {"steps": 1, "rows": [[0, "fwd", "payload", 8], [1, "bwd", "tied", 4]], "max_orth": 0.0,
+            "spel_s": 0.0, "step_s": 1.0, "resyncs": 0}
+    prefixes = ("tied_", "boundary_", "compression_ratio_boundary")
+    keys = [k for k in summarize([rank], 2, 1, 1, 1) if k.startswith(prefixes)]
+    pipeline = (ROOT / "docs" / "pipeline.md").read_text()
+    assert len(keys) == 7
+    for stem in ("tied_bytes_per_step_fwd", "boundary_bytes_per_step_fwd", "compression_ratio_boundary"):
+        assert stem in OUTPUTS and stem in pipeline and stem in README, stem

@@ -92,7 +92,8 @@ class PipelineStrategy(PipelineStrategyBase):
             first, last = layout.stage == 0, layout.stages - 1
             link = P2PLink(last, "fwd" if first else "bwd", self.counter, layout.peers()[last if first else 0],
                            self.groups.pipeline, ctx.device)
-            self.syncs.append(tied_sync(stage.tied_parameters(), "sender" if first else "receiver", link))
+            self.syncs.append(tied_sync(stage.tied_parameters(), "sender" if first else "receiver", link,
+                                        cfg.pipeline.tied_sync_dtype))
 
     @property
     def stage(self):
@@ -221,7 +222,8 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
         self.model_dim = model.cfg.dim
         stages = [s.to(ctx.device) for s in build_run_stages(cfg, model, list(range(cfg.pipeline.stages)))]
         super().__init__(cfg, stages, 0, 1)
-        self.pipe = VirtualPipeline(stages, self.counter, loss_fn, cfg.pipeline.sync_dtype)
+        pc = cfg.pipeline
+        self.pipe = VirtualPipeline(stages, self.counter, loss_fn, pc.sync_dtype, pc.tied_sync_dtype)
         self.resyncs = 0
 
     def _schedule_step(self, step: int, batch_fn) -> float:
