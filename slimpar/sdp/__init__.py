@@ -1,10 +1,9 @@
 """Subnetwork Data Parallelism: plan (pure), apply (build a worker's subnetwork), sync (holder groups, on any
 process group); VirtualSDP runs every worker in one process through the same sync code."""
 
-from slimpar.sdp.apply import apply_subnet
+from slimpar.sdp.apply import apply_subnet, meta_skeleton
 from slimpar.sdp.budget import MemoryPrediction, keep_for_budgets, parse_budgets, predict_peak
 from slimpar.sdp.components import Component, PlanError, model_components
-from slimpar.sdp.gather import meta_skeleton
 from slimpar.sdp.holders import HolderSync
 from slimpar.sdp.plan import Plan, analytic_bytes_per_step, plan_components
 from slimpar.sdp.planner import plan_blocks, plan_model, plan_neurons

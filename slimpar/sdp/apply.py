@@ -9,6 +9,7 @@ optimizer state.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -146,6 +147,16 @@ def _split_param(model: nn.Module, sub: Subnet, name: str, dim: int, perm: torch
     return held, frozen
 
 
+def meta_skeleton(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose tensors live on the meta device (no data is copied)."""
+    memo: dict[int, torch.Tensor] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(model, memo)
+
+
 def shared_names_of(model: nn.Module, plan: Plan) -> list[str]:
     """The parameters every worker holds: the plan's record of them, else what the model's structure says."""
     if plan.shared_params:
@@ -165,8 +176,6 @@ def apply_subnet(model: nn.Module, plan: Plan, rank: int, shared_names: list[str
     default to :func:`shared_names_of`."""
     if shared_names is None:
         shared_names = shared_names_of(model, plan)
-    from slimpar.sdp.gather import meta_skeleton  # gather builds on Subnet: imported here, not at the top
-
     sub = Subnet(rank=rank, held=[c for c in range(len(plan.components)) if plan.mask[rank, c]], regime=regime,
                  skeleton=meta_skeleton(model))
     block_cols = [c for c, comp in enumerate(plan.components) if comp.index is None]

@@ -12,18 +12,8 @@ import copy
 import torch
 from torch import nn
 
-from slimpar.sdp.apply import Subnet
+from slimpar.sdp.apply import Subnet, meta_skeleton  # noqa: F401  (meta_skeleton: re-exported)
 from slimpar.sdp.plan import Plan
-
-
-def meta_skeleton(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose tensors live on the meta device (no data is copied)."""
-    memo: dict[int, torch.Tensor] = {}
-    for p in model.parameters():
-        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-    for b in model.buffers():
-        memo[id(b)] = torch.empty_like(b, device="meta")
-    return copy.deepcopy(model, memo)
 
 
 def materialize(skeleton: nn.Module, device: torch.device) -> nn.Module:

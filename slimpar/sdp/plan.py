@@ -61,16 +61,6 @@ __all__ = ["Plan", "PlanError", "plan_components", "load_mask_file", "analytic_b
            "averaging_operator", "spectral_gap", "mask_connected", "masking_error"]
 
 
-def __getattr__(name: str):
-    """``plan_blocks`` / ``plan_neurons`` plan from a model and live in ``slimpar.sdp.planner`` (which
-    builds on this module); imports from here keep working."""
-    if name in ("plan_blocks", "plan_neurons", "plan_model"):
-        from slimpar.sdp import planner
-
-        return getattr(planner, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass(eq=False)
 class Plan:
     """Components, the N x K 0/1 mask and what it implies; see the module docstring."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slimpar.config import Config, to_dict
-from slimpar.train.sinks import record_scalars, summary_scalars
+from slimpar.train.scalars import record_scalars, summary_scalars
 
 STORE = "mlruns"
 EXPERIMENT = "slimpar"

@@ -12,13 +12,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slimpar.config import Config, ConfigError
+from slimpar.train.scalars import SUMMARY_KEYS, record_scalars, summary_scalars  # noqa: F401  (re-exported)
 
 # summary.json keys logged once, at the last step (memory and bytes are measured on one instrumented step)
-SUMMARY_KEYS = ("val_loss", "val_bits_per_byte", "val_wikipedia_loss", "val_accuracy", "peak_mem_bytes",
-                "comm_bytes_per_step", "wire_bytes_per_step", "step_time_s", "tokens_per_s",
-                "comm_bytes_per_step_fwd", "comm_bytes_per_step_bwd", "compression_ratio",
-                "tied_bytes_per_step_fwd", "tied_bytes_per_step_bwd", "compression_ratio_boundary")
-
 # config field -> (the module it imports, the extra that installs it)
 TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
 
@@ -29,24 +25,6 @@ class Sink(Protocol):
     def write_summary(self, summary: dict[str, Any], step: int) -> None: ...
 
     def close(self) -> None: ...
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def record_scalars(record: dict[str, Any]) -> dict[str, float]:
-    """One metrics.jsonl record's numeric fields as ``train/<name>`` (the step itself left out)."""
-    return {f"train/{k}": v for k, v in record.items() if k != "step" and _number(v)}
-
-
-def summary_scalars(summary: dict[str, Any]) -> dict[str, float]:
-    """The run's closing numbers, memory split by kind included, as ``summary/<name>``."""
-    out = {f"summary/{k}": summary[k] for k in SUMMARY_KEYS if _number(summary.get(k))}
-    for kind, value in (summary.get("mem_breakdown") or {}).items():
-        if _number(value):
-            out[f"summary/memory_{kind}_bytes"] = value
-    return out
 
 
 def check_trackers(cfg: Config) -> None:

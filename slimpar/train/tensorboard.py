@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from slimpar.train.sinks import record_scalars, summary_scalars
+from slimpar.train.scalars import record_scalars, summary_scalars
 
 
 class TensorBoardSink:

@@ -108,9 +108,6 @@ def test_memory_budget_needs_llama_and_tokens():
         slimpar.sdp.plan_blocks(_user_model(CONFIGS[2]), 4, None, memory_budget="7MiB", tokens_per_worker=64)
 
 
-def test_old_import_path_and_neuron_holder_sets():
-    from slimpar.sdp.plan import plan_blocks, plan_neurons  # where they lived before slimpar.sdp.planner
-
-    assert (plan_blocks, plan_neurons) == (slimpar.sdp.plan_blocks, slimpar.sdp.plan_neurons)
+def test_neuron_holder_sets_are_refused():
     with pytest.raises(slimpar.sdp.PlanError, match="each layer on its own"):
         slimpar.sdp.plan_neurons(_user_model(CONFIGS[0]), 4, 0.5, assignment="random", holder_sets=2)
