@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+# summary.json keys logged once, at the last step (memory and bytes are measured on one instrumented step)
 SUMMARY_KEYS = ("val_loss", "val_bits_per_byte", "val_wikipedia_loss", "val_accuracy", "peak_mem_bytes",
                 "comm_bytes_per_step", "wire_bytes_per_step", "step_time_s", "tokens_per_s",
                 "comm_bytes_per_step_fwd", "comm_bytes_per_step_bwd", "compression_ratio",

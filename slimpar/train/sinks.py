@@ -14,7 +14,6 @@ from typing import Any, Protocol
 from slimpar.config import Config, ConfigError
 from slimpar.train.scalars import SUMMARY_KEYS, record_scalars, summary_scalars  # noqa: F401  (re-exported)
 
-# summary.json keys logged once, at the last step (memory and bytes are measured on one instrumented step)
 # config field -> (the module it imports, the extra that installs it)
 TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
 
