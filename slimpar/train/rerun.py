@@ -60,8 +60,10 @@ def _schedule_note(old: Config, new: Config, step: int) -> str:
     from slimpar.train.build import lr_at, total_steps
 
     before, after = lr_at(step, old, total_steps(old)), lr_at(step, new, total_steps(new))
-    return (f" (the cosine learning-rate schedule now spans {total_steps(new)} steps, not {total_steps(old)}: "
-            f"the lr after step {step} becomes {after:.2e} instead of {before:.2e})")
+    spans = f" (the cosine learning-rate schedule now spans {total_steps(new)} steps, not {total_steps(old)}"
+    if f"{after:.2e}" == f"{before:.2e}":  # e.g. still in warm-up: the stretch shows only later
+        return spans + ")"
+    return f"{spans}: the lr after step {step} becomes {after:.2e} instead of {before:.2e})"
 
 
 def check_rerun(out_dir: Path, cfg: Config, checkpoint: Path, step: int, allow: bool, main: bool = True) -> None:

@@ -27,6 +27,11 @@ RUNS = {
     "virtual_sdp": ["--parallel.mode", "sdp", "--sdp.virtual", "true", "--sdp.virtual_workers", "2"],
 }
 PIPELINES = [k for k in RUNS if k != "virtual_sdp"]
+SLOW = {"virtual_ssn", "virtual_int8"}  # one-process codecs the default suite leaves to -m slow (its 15-minute budget)
+
+
+def _cases(names: list[str]) -> list:
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in names]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +44,7 @@ def runs(tmp_path_factory):
     return LazyRuns(make)
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", _cases(list(RUNS)))
 def test_eval_run_without_codecs(runs, name):
     results = evaluate_run(runs[name])
     assert json.loads((runs[name] / "eval.json").read_text()) == pytest.approx(results)
@@ -48,7 +53,7 @@ def test_eval_run_without_codecs(runs, name):
         assert results["val_loss"] == pytest.approx(summary(runs[name])["val_loss"], rel=1e-5)
 
 
-@pytest.mark.parametrize("name", PIPELINES)
+@pytest.mark.parametrize("name", _cases(PIPELINES))
 def test_eval_run_through_codecs_is_the_runs_own_validation(runs, name):
     results = evaluate_run(runs[name], through_codecs=True)
     assert results["val_loss"] == pytest.approx(summary(runs[name])["val_loss"], rel=1e-5, abs=1e-5)
@@ -64,7 +69,7 @@ def test_eval_cli_flag_and_refusal(runs):
     assert proc.returncode == 2 and "not a pipeline run" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", _cases(list(RUNS)))
 def test_export_hf_puts_codecs_beside_the_model(runs, name, tmp_path):
     written = {p.name for p in export_hf(runs[name], tmp_path / "hf")}
     run_state = load_safetensors(runs[name] / "model.safetensors")

@@ -42,8 +42,9 @@ def test_training_from_a_folder_and_its_errors(tmp_path):
         f.seek(-1, 2)
         f.write(b"\x01")
     proc = subprocess.run([sys.executable, "-m", "slimpar", "train", "--config", str(TINY), "--out", str(out),
-                           "--model.init_from", str(tmp_path / "hf")], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+                           "--model.init_from", str(tmp_path / "hf"), "--train.steps", "2", "--eval.batches", "1",
+                           "--data.ood", "none", "--checkpoint.export", "false"],  # the same run, re-run
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 2 and "model.safetensors has changed" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     _hf_folder(tmp_path / "small", vocab=300)  # fewer embeddings than the tiny config's 512-token tokenizer

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import assert_same_run, losses, run_train, stop_and_resume
 
 TIED_RVQ = ["--train.steps", "3", "--eval.batches", "1", "--data.ood", "none", "--parallel.mode", "pipeline",
@@ -21,6 +23,7 @@ TIED_RVQ = ["--train.steps", "3", "--eval.batches", "1", "--data.ood", "none", "
             "--pipeline.rvq.sync_every", "2", "--pipeline.checksum_every", "2"]
 
 
+@pytest.mark.slow  # the default suite resumes a tied MAPL pipeline in test_hybrid.py; this adds RVQ state (78 s)
 def test_tied_rvq_pipeline_resumes_exactly(tmp_path: Path) -> None:
     straight, split = tmp_path / "straight", tmp_path / "split"
     run_train(straight, *TIED_RVQ, timeout=300)

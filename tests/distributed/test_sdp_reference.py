@@ -30,8 +30,9 @@ from tests.helpers import ROOT, TINY, losses, run_train, summary
 from tests.sdp_reference import component_numel, config_for, expected_comm_bytes, simulate
 
 RESNET = ROOT / "configs" / "resnet_tiny.toml"
+# BatchNorm recalibration at evaluation is off: the reference is the statistics training itself leaves behind
 COMMON = ["--parallel.mode", "sdp", "--train.steps", "4", "--eval.batches", "1", "--data.ood", "none",
-          "--sdp.check_every", "1", "--checkpoint.final", "false"]
+          "--sdp.check_every", "1", "--checkpoint.final", "false", "--sdp.bn_recalibrate", "0"]
 # 3 workers x 4 blocks; holder sets (0,), (0, 1), (1, 2), (2,): blocks 0 and 3 are each held by one
 # worker, the graph is connected. The fixture writes it to a file and passes --sdp.mask_file.
 SINGLETON_MASK = "1 1 0 0\n0 1 1 0\n0 0 1 1\n"

@@ -77,7 +77,7 @@ def _worker(rank: int, init: str, out: str, regime: str) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("regime", ["forward", "backward"])
+@pytest.mark.parametrize("regime", ["forward", pytest.param("backward", marks=pytest.mark.slow)])
 def test_sdp_in_a_subgroup_equals_virtual_sdp(tmp_path, regime: str) -> None:
     from slimpar.sdp.virtual import VirtualSDP
 

@@ -17,8 +17,9 @@ def test_closing_table_is_printed_without_the_progress_bar(tmp_path, monkeypatch
     tables = []
     monkeypatch.setattr(trainer, "print_summary", lambda summary, rows: tables.append(summary))
     fake = SimpleNamespace(cfg=cfg, ctx=SimpleNamespace(out_dir=tmp_path, world=1), step_times=[0.1], losses=[2.0],
-                           strategy=SimpleNamespace(summary_extras=dict, summary_rows=lambda s: []),
-                           guard=SimpleNamespace(skipped=[]), total=20, items_per_step=512, tensorboard=None,
+                           strategy=SimpleNamespace(summary_extras=dict, summary_rows=lambda s: [],
+                                                    val_gap_fix=lambda: ""),
+                           guard=SimpleNamespace(skipped=[]), total=20, items_per_step=512, sinks=[],
                            start=0, resumed_from=None)
     trainer.Trainer._write_outputs(fake, {"val_loss": 3.0}, [None], None)
     assert len(tables) == 1 and tables[0]["train_loss"] == 2.0
