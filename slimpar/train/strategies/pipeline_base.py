@@ -15,6 +15,7 @@ or unclipped) call into it with this strategy's hooks: the stages' module, ``_sh
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import time
 
@@ -30,7 +31,7 @@ from slimpar.train.strategies.base import Strategy
 from slimpar.train.strategies.pipeline_specs import training_spec
 
 
-class PipelineStrategyBase(Strategy):
+class PipelineStrategyBase(Strategy, abc.ABC):
     name = "pipeline"
     eval_sharded = False
 
@@ -54,8 +55,9 @@ class PipelineStrategyBase(Strategy):
         with record():
             return self._schedule_step(step, batch_fn)
 
+    @abc.abstractmethod
     def _schedule_step(self, step: int, batch_fn) -> float:
-        raise NotImplementedError
+        """One step's schedule: the distributed stage's or the one-process pipeline's; returns the loss."""
 
     def build_optimizer(self, cfg) -> SPELAdamW:
         """SPEL on every Stiefel projector copy, AdamW (decay on matrices only) on everything else."""
