@@ -293,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"slimpar: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a run folder exists (a run's own Ctrl-C: _launch_and_report)
+        print("\nslimpar: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":

@@ -10,10 +10,12 @@ restart resumes from the newest complete checkpoint by itself.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
@@ -104,22 +106,33 @@ def _elastic(cfg: Config, out_dir: Path) -> None:
     # workers share the machine's cores instead of each starting a full thread pool
     # glibc returns freed blocks to the OS only above this size: RSS peaks then track live tensors (env.md)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([_package_root(), *(p for p in paths if p != _package_root())])
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.parallel.workers)))
     quiet = _QuietInterrupt()
     loggers = [logging.getLogger(f"torch.distributed.elastic.{m}.api") for m in ("agent.server", "multiprocessing")]
     for logger in loggers:
         logger.addFilter(quiet)
     try:
-        elastic_launch(lc, worker_main)(to_dict(cfg), str(out_dir))
+        # each worker runs ``python -m slimpar.train.worker_entry`` (why: worker_entry.py) with this slimpar
+        elastic_launch(lc, sys.executable)("-m", "slimpar.train.worker_entry", json.dumps(to_dict(cfg)),
+                                          str(out_dir))
     finally:
         for logger in loggers:
             logger.removeFilter(quiet)
 
 
+def _package_root() -> str:
+    """The folder that holds this ``slimpar`` package: the workers import the same copy as the launcher."""
+    return str(Path(__file__).resolve().parents[2])
+
+
 class _QuietInterrupt(logging.Filter):
-    """Drops the elastic agent's log lines about Ctrl-C ("Received 2 death signal", "Closing process N via
-    signal SIGINT"): the user pressed it, and slimpar's one line says where the run is and how to resume it."""
+    """Drops the elastic agent's log lines about Ctrl-C ("Received 2 death signal", "Sending process N closing
+    signal SIGINT", and "Unable to shutdown process N via 2" for a worker blocked in a C call, which the agent
+    then kills): the user pressed it, and slimpar's one line says where the run is and how to resume it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
-        return "Received 2 death signal" not in msg and "via signal SIGINT" not in msg
+        return not any(s in msg for s in ("Received 2 death signal", "via signal SIGINT", "closing signal SIGINT",
+                                          "via 2, forcefully exiting via 9"))

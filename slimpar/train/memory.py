@@ -7,6 +7,7 @@ DDP gradients as bucket views, tied embeddings) count once.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -70,8 +71,25 @@ class SavedActivations:
         return sum(self.seen.values())
 
 
+# glibc keeps freed heap memory unless blocks above this size are mmapped; only then does a step's RSS
+# increase track its tensors (research/env.md). The setting must be in the environment when the process
+# starts, which slimpar's launcher does and torchrun does not.
+RSS_ENV = "MALLOC_MMAP_THRESHOLD_"
+
+
+def rss_trustworthy() -> bool:
+    """Whether this process started with ``MALLOC_MMAP_THRESHOLD_`` at 64 KiB or less."""
+    try:
+        return 0 < int(os.environ.get(RSS_ENV, "")) <= 65536
+    except ValueError:
+        return False
+
+
 def reset_peak_rss() -> int | None:
-    """Reset VmHWM to the current RSS (Linux) and return that RSS in bytes."""
+    """Reset VmHWM to the current RSS (Linux) and return that RSS in bytes; None where the peak cannot be
+    read, or would not mean anything because glibc reuses freed memory (:func:`rss_trustworthy`)."""
+    if not rss_trustworthy():
+        return None
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

@@ -14,7 +14,8 @@ import torch
 
 from slimpar.utils import fmt_bytes
 
-MEM_KINDS = ("params", "grads", "optimizer", "activations", "buffers", "peak_live", "peak_rss_delta")
+MEM_KINDS = ("params", "grads", "optimizer", "activations", "buffers", "peak_live", "peak_step_alloc",
+             "peak_rss_delta")
 
 
 class MetricsWriter:
@@ -85,12 +86,18 @@ def median_step_time(times: list[float], warmup: int = 2) -> float | None:
     return statistics.median(steady) if steady else None
 
 
+def _max_known(values) -> Any:
+    """The largest value that is not None; None when no rank has one (e.g. an RSS it could not read)."""
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
 def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     """Max over ranks for memory; mean and max over ranks for bytes; keeps each rank's numbers too.
 
     ``comm_bytes`` is what a rank fed into collectives (a broadcast counted at its root only);
     ``comm_bytes_sent``/``_recv`` are its modelled bytes sent and received (parallel/comm.traffic)."""
-    mem = {k: max(r["mem"].get(k) or 0 for r in per_rank) for k in per_rank[0]["mem"]}
+    mem = {k: _max_known(r["mem"].get(k) for r in per_rank) for k in per_rank[0]["mem"]}
     comm = [r["comm_bytes"] for r in per_rank]
     wire = [r["wire_bytes"] for r in per_rank if r["wire_bytes"] is not None]
     out = {
@@ -141,7 +148,9 @@ def print_summary(summary: dict[str, Any], extra_rows: list[tuple[str, str]] | N
     mem = summary["mem_breakdown"]
     rows += [("peak memory / worker (live tensors)", fmt_bytes(summary["peak_mem_bytes"]))]
     rows += [(f"  {k}", fmt_bytes(mem.get(k))) for k in ("params", "grads", "optimizer", "activations")]
-    rows += [("  peak RSS increase in step (cross-check)", fmt_bytes(mem.get("peak_rss_delta")))]
+    rss, step = mem.get("peak_rss_delta"), fmt_bytes(mem.get("peak_step_alloc"))
+    rows += [("  peak allocated in step: tracker, RSS (cross-check)",
+              f"{step}, {fmt_bytes(rss)}" if rss is not None else f"{step}, - (needs MALLOC_MMAP_THRESHOLD_=65536)")]
     rows += [("bytes / step / worker (fed into collectives, mean)", fmt_bytes(summary["comm_bytes_per_step"])),
              ("bytes sent / step / worker (model: mean, max)",
               _mean_max(summary, "comm_bytes_sent_per_step_mean", "comm_bytes_sent_per_step_max")),

@@ -143,6 +143,7 @@ class Trainer:
                 "buffers": sum(memory.buffer_storages(model).values()),
                 "activations": saved.bytes,
                 "peak_live": sum(static.values()) + sum(persistent.values()) + inst.peak,
+                "peak_step_alloc": inst.peak,  # what the RSS increase cross-checks
                 "peak_rss_delta": (rss_peak - rss0) if rss0 is not None and rss_peak is not None else None,
             },
             "comm_bytes": inst.comm_bytes,
