@@ -281,12 +281,13 @@ def _check_pipeline(path: Path, old: dict, new: dict, fix: str) -> None:
     kept = sorted(set(a.get("cuts", [])) & set(b.get("cuts", [])))
     diff = _tied_diff({"seed": old.get("seed")}, {"seed": new.get("seed")}, "")
     if codec and (kept or "cuts" not in a):
-        where = f"the cuts after blocks {', '.join(map(str, kept))}" if kept else "its cuts"
+        blocks = f"block{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}"
+        where = f"the cut{'s' if len(kept) > 1 else ''} after {blocks}" if kept else "its cuts"
         diff.append(f"{'; '.join(codec)} (another codec at {where}, which the new layout keeps)")
     if diff:
-        raise ConfigError(f"{path} was written by {_describe(old)}; this run ({_describe(new)}) differs in "
-                          f"{'; '.join(diff)}; a pipeline checkpoint loads into another stage count, virtual or "
-                          f"not, or another pipeline.dp / sdp_keep, with the same seed and codec; {fix}")
+        raise ConfigError(f"{path} was written by {_describe(old)}, a layout its checkpoint is tied to in its seed "
+                          f"and codec (it loads into another stage count, virtual or not, or another pipeline.dp / "
+                          f"sdp_keep); this run ({_describe(new)}) differs in {'; '.join(diff)}; {fix}")
 
 
 def export_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
