@@ -130,3 +130,19 @@ def test_same_stage_count_restores_every_tensor(data, tmp_path, capsys) -> None:
     _assert_equal(again.full_state_dict(), two.full_state_dict())
     assert "resharding" not in capsys.readouterr().out
     assert len(opt_again.state) == len(opt.state)
+
+
+def test_an_older_stage_local_checkpoint_still_loads_into_its_layout(data, tmp_path) -> None:
+    """Written as slimpar wrote pipelines before (``stage{s}.model.…`` names, no layout.json): read as such."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from slimpar.train.checkpoint import OPTIONS
+
+    two, opt = _strategy(data, 2, steps=1)
+    model_sd, optim_sd = get_state_dict(two.model, opt, options=OPTIONS)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp_path))
+    again, opt_again = _strategy(data, 2)
+    again.checkpoint_module.load_from(tmp_path, opt_again)
+    _assert_equal(again.full_state_dict(), two.full_state_dict())
+    assert len(opt_again.state) == len(opt.state)
