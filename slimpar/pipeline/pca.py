@@ -65,13 +65,16 @@ def _set_ids(stage: StageModule, x: Tensor) -> None:
 
 @torch.no_grad()
 def calibrate_stage(stage: StageModule, batches: list[Tensor], link_in: Link | None, link_out: Link | None,
-                    reduce: Callable[[Tensor], Tensor] | None = None) -> Tensor | None:
+                    reduce: Callable[[Tensor], Tensor] | None = None, keep: frozenset[int] = frozenset()
+                    ) -> Tensor | None:
     """Stage ``stage``'s part of the PCA start; returns the boundary Gram matrix it used (or None).
 
     ``batches`` are the (b, T) token batches of this replica (every stage reads them: token ids on
     stage 0, anchor ids elsewhere); ``link_in`` / ``link_out`` connect to the previous / next stage;
     ``reduce`` sums the d×d Gram over the stage's data-parallel replicas so that they all get one A.
     Call it on every stage in stage order (the virtual pipeline) or concurrently on every rank.
+    ``keep``: boundaries whose A stays as it is (a resumed run's kept cuts, while its new cuts get a PCA
+    start); the pass still runs through them, their sender sending its current A and the codes.
     """
     dec, enc = stage.decoder, stage.encoder
     codes: list[Tensor] = []
@@ -99,17 +102,21 @@ def calibrate_stage(stage: StageModule, batches: list[Tensor], link_in: Link | N
         xs.append(h)
         flat = h.reshape(-1, h.shape[-1]).double()
         gram = flat.t() @ flat if gram is None else gram + flat.t() @ flat
-    if reduce is not None:
-        gram = reduce(gram)
-    enc_proj.A.copy_(top_subspace(gram, enc_proj.r))
+    if stage.stage in keep:
+        gram = None
+    else:
+        gram = reduce(gram) if reduce is not None else gram
+        enc_proj.A.copy_(top_subspace(gram, enc_proj.r))
     A = enc_proj.A.detach()
     wait_all(link_out.isend([Packet("sync", A.clone())] + [Packet("payload", h @ A) for h in xs], TAG_PCA))
     return gram
 
 
-def calibrate_virtual(stages: list[StageModule], links: list, batches: list[Tensor]) -> None:
-    """The PCA start of every boundary of a one-process pipeline (``links[p]`` = (sender end, receiver end))."""
+def calibrate_virtual(stages: list[StageModule], links: list, batches: list[Tensor],
+                      keep: frozenset[int] = frozenset()) -> None:
+    """The PCA start of every boundary of a one-process pipeline (``links[p]`` = (sender end, receiver end))
+    but those in ``keep``."""
     for s, stage in enumerate(stages):
         link_in = links[s - 1][1] if s > 0 else None
         link_out = links[s][0] if s < len(stages) - 1 else None
-        calibrate_stage(stage, batches, link_in, link_out)
+        calibrate_stage(stage, batches, link_in, link_out, keep=keep)

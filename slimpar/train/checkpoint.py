@@ -13,7 +13,9 @@ of each component, written by its first holder) all save this one *full-name* fo
 from the others' checkpoints, SDP with any worker count, keep or plan. ``layout.json`` (listed in the
 manifest) records the format, the model and the parallel layout; :func:`check_layout` compares it with
 the new run's config in the launching process (exit 2) and again in every worker before DCP reads.
-Pipelines and FSDP-sharded SDP keep names tied to their layout: they resume only with it.
+Pipelines write the full model's names too, and their codec state by cut (:mod:`slimpar.train.pipeline_checkpoint`,
+``"names": "pipeline-full"``), so they resume with another stage count, virtual or not, and another
+``pipeline.dp`` / ``sdp_keep``; the codec settings stay tied. FSDP-sharded SDP keeps names tied to its layout.
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ def checkpoint_layout(cfg) -> dict:
 
     p, s, d = cfg.parallel, cfg.sdp, cfg.data
     names = {"sdp": "sdp-fsdp" if s.fsdp > 1 or s.holder_shard else "full",
-             "pipeline": "pipeline"}.get(p.mode, "full")
+             "pipeline": "pipeline-full"}.get(p.mode, "full")
     model = {k: v for k, v in asdict(cfg.model).items() if k != "init_from"}  # the checkpoint supersedes init_from
     model["data"] = ({"kind": d.kind, "tokenizer": d.tokenizer, "vocab_size": d.vocab_size} if d.kind == "text"
                      else {"kind": d.kind, "image_set": d.image_set})
@@ -194,6 +196,11 @@ def checkpoint_layout(cfg) -> dict:
     section = {"sdp": s, "pipeline": cfg.pipeline}.get(p.mode)
     if section is not None:
         out[p.mode] = _tied_fields(section, _TIED[p.mode])
+    if p.mode == "pipeline":
+        from slimpar.pipeline.names import cut_blocks
+        from slimpar.train.build import llama_config
+
+        out["pipeline"]["cuts"] = cut_blocks(llama_config(cfg).n_layers, cfg.pipeline.stages)
     return out
 
 
@@ -224,7 +231,8 @@ def check_layout(path: Path, new: dict) -> None:
     """Raise ConfigError (exit 2) unless a run with layout ``new`` can load the checkpoint at ``path``.
 
     The model must be the same; "full" checkpoints load into any "full" run (another SDP worker count,
-    keep, level, regime or plan; single, DDP, FSDP2); other formats only into the same layout.
+    keep, level, regime or plan; single, DDP, FSDP2); "pipeline-full" ones into any pipeline with the same
+    seed and codec (:func:`_check_pipeline`); other formats only into the same layout.
     Checkpoints without ``layout.json`` (older slimpar) are not checked here."""
     f = Path(path) / LAYOUT
     if not f.is_file():
@@ -243,7 +251,11 @@ def check_layout(path: Path, new: dict) -> None:
                           f"shape; {fix}")
     if old["names"] == new["names"] == "full":
         return
-    if old["names"] != new["names"]:
+    if old["names"] == new["names"] == "pipeline-full":
+        return _check_pipeline(path, old, new, fix)
+    if (old["names"], new["names"]) == ("pipeline", "pipeline-full"):  # an older slimpar's stage-local names
+        new = {**new, "pipeline": {k: v for k, v in new["pipeline"].items() if k != "cuts"}}
+    elif old["names"] != new["names"]:
         raise ConfigError(f"{path} was written by {_describe(old)}, whose checkpoint names ({old['names']}) a "
                           f"{_describe(new)} run cannot load; full-model checkpoints (single, DDP, FSDP2, SDP "
                           f"without sdp.fsdp/holder_shard, virtual or not) load into each other; {fix}")
@@ -251,8 +263,31 @@ def check_layout(path: Path, new: dict) -> None:
     diff = _tied_diff({k: old.get(k) for k in ("workers", "seed", mode)},
                       {k: new.get(k) for k in ("workers", "seed", mode)}, "")
     if diff:
-        raise ConfigError(f"{path} was written by {_describe(old)}, a layout its checkpoint is tied to; this run "
-                          f"({_describe(new)}) differs in {'; '.join(diff)}; {fix}")
+        older = (" (an older slimpar's pipeline checkpoint, under stage-local names: it resumes only with its own "
+                 "layout)" if old["names"] == "pipeline" else "")
+        raise ConfigError(f"{path} was written by {_describe(old)}, a layout its checkpoint is tied to{older}; this "
+                          f"run ({_describe(new)}) differs in {'; '.join(diff)}; {fix}")
+
+
+_RESHARDS = ("stages", "virtual", "dp", "sdp_keep", "cuts")  # a pipeline-full checkpoint loads across these
+
+
+def _check_pipeline(path: Path, old: dict, new: dict, fix: str) -> None:
+    """Pipeline to pipeline: any stage count, virtual or not, any ``dp``/``sdp_keep`` (names by block and cut);
+    the seed must match, and the codec settings unless no cut is kept (every codec then restarts)."""
+    a, b = old.get("pipeline", {}), new.get("pipeline", {})
+    codec = _tied_diff({k: v for k, v in a.items() if k not in _RESHARDS},
+                       {k: v for k, v in b.items() if k not in _RESHARDS}, "pipeline.")
+    kept = sorted(set(a.get("cuts", [])) & set(b.get("cuts", [])))
+    diff = _tied_diff({"seed": old.get("seed")}, {"seed": new.get("seed")}, "")
+    if codec and (kept or "cuts" not in a):
+        blocks = f"block{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}"
+        where = f"the cut{'s' if len(kept) > 1 else ''} after {blocks}" if kept else "its cuts"
+        diff.append(f"{'; '.join(codec)} (another codec at {where}, which the new layout keeps)")
+    if diff:
+        raise ConfigError(f"{path} was written by {_describe(old)}, a layout its checkpoint is tied to in its seed "
+                          f"and codec (it loads into another stage count, virtual or not, or another pipeline.dp / "
+                          f"sdp_keep); this run ({_describe(new)}) differs in {'; '.join(diff)}; {fix}")
 
 
 def export_safetensors(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:

@@ -145,13 +145,13 @@ def print_summary(summary: dict[str, Any], extra_rows: list[tuple[str, str]] | N
     for k, v in summary.items():
         if k.startswith("val") and isinstance(v, float):
             rows.append((k.replace("_", " "), f"{v:.4f}"))
-    mem = summary["mem_breakdown"]
-    rows += [("peak memory / worker (live tensors)", fmt_bytes(summary["peak_mem_bytes"]))]
+    mem = summary.get("mem_breakdown") or {}  # absent when this invocation ran no step (a resume at the end)
+    rows += [("peak memory / worker (live tensors)", fmt_bytes(summary.get("peak_mem_bytes")))]
     rows += [(f"  {k}", fmt_bytes(mem.get(k))) for k in ("params", "grads", "optimizer", "activations")]
     rss, step = mem.get("peak_rss_delta"), fmt_bytes(mem.get("peak_step_alloc"))
     rows += [("  peak allocated in step: tracker, RSS (cross-check)",
               f"{step}, {fmt_bytes(rss)}" if rss is not None else f"{step}, - (needs MALLOC_MMAP_THRESHOLD_=65536)")]
-    rows += [("bytes / step / worker (fed into collectives, mean)", fmt_bytes(summary["comm_bytes_per_step"])),
+    rows += [("bytes / step / worker (fed into collectives, mean)", fmt_bytes(summary.get("comm_bytes_per_step"))),
              ("bytes sent / step / worker (model: mean, max)",
               _mean_max(summary, "comm_bytes_sent_per_step_mean", "comm_bytes_sent_per_step_max")),
              ("bytes received / step / worker (model: mean, max)",

@@ -97,3 +97,17 @@ def test_hybrid_resumes_exactly(runs, tmp_path) -> None:
     stop_and_resume(split, [*COMMON, *RUNS["mapl"]], [*COMMON, *RUNS["mapl"]], timeout=300)
     assert_same_run(split, runs["mapl"])
     assert summary(split)["hybrid"]["replica_checks"] == 2  # every resumed step: holders bit-identical
+
+
+@pytest.mark.slow  # two 4-process runs (~110 s on 2 cores)
+def test_a_pipeline_ddp_checkpoint_resumes_as_the_hybrid(tmp_path) -> None:
+    """2 stages × 2 DDP replicas stopped after step 1, resumed with ``--pipeline.dp sdp --pipeline.sdp_keep 0.5``:
+    each replica loads the blocks it now holds (the checkpoint names blocks as the full model does), holders stay
+    bit-identical (``sdp.check_every 1``) and the codec of the one cut is kept."""
+    out, mapl = tmp_path / "run", [*COMMON, "--parallel.workers", "4", "--pipeline.codec", "mapl"]
+    stop_and_resume(out, mapl, [*mapl, *HYBRID, "--pipeline.sdp_keep", "0.5", "--sdp.check_every", "1"],
+                    timeout=300)
+    s = summary(out)
+    assert len(losses(out)) == 3 and all(math.isfinite(v) for v in losses(out))
+    assert s["hybrid"]["replica_checks"] == 2
+    assert s["pipeline_resume"]["boundaries"] == [{"after_block": 1, "codec_state": "kept"}]

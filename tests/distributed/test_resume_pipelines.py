@@ -30,3 +30,64 @@ def test_tied_rvq_pipeline_resumes_exactly(tmp_path: Path) -> None:
     stop_and_resume(split, TIED_RVQ, TIED_RVQ, timeout=300)
     assert len(losses(split)) == 3
     assert_same_run(split, straight)
+
+
+MAPL_RVQ = ["--eval.batches", "1", "--data.ood", "none", "--parallel.mode", "pipeline", "--pipeline.schedule", "gpipe",
+            "--pipeline.microbatches", "2", "--model.tie_embeddings", "true", "--pipeline.codec", "mapl",
+            "--pipeline.rank", "16", "--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "32",
+            "--checkpoint.final", "false"]
+
+
+def _checkpoint_state(path: Path) -> dict:
+    """A DCP checkpoint's entries by name, read in this process (our own files: a plain torch.save)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(path, path.parent / "flat.pt")
+    nested = torch.load(path.parent / "flat.pt", weights_only=False)  # {"model": {...}, "optim": {...}}
+    return {f"{part}.{k}": v for part, entries in nested.items() for k, v in entries.items()}
+
+
+@pytest.mark.slow  # 4 + 2 local processes (~100 s on 2 cores)
+def test_four_stage_checkpoint_resumes_on_two_stages(tmp_path: Path) -> None:
+    """4 stages (4 workers) stopped after step 2; resumed on 2 stages (2 workers) with ``--train.steps 2`` (no
+    step, only the load, evaluation and export): the exported model is the checkpoint's, weight for weight;
+    the codec of the cut after block 1 (the 2-stage run's only cut) is the checkpoint's; the run says so."""
+    import torch
+
+    from slimpar.train.checkpoint import load_safetensors
+    from tests.helpers import summary
+
+    out = tmp_path / "run"
+    run_train(out, *MAPL_RVQ, "--pipeline.stages", "4", "--parallel.workers", "4", "--train.steps", "3",
+              "--train.stop_after", "2", timeout=300)
+    saved = _checkpoint_state(out / "checkpoints" / "step_000002")
+    proc = run_train(out, *MAPL_RVQ, "--pipeline.stages", "2", "--parallel.workers", "2", "--train.steps", "2",
+                     "--allow-change", resume=True, timeout=300)
+    for line in ("4 stages -> 2", "boundary after block 1: codec state kept",
+                 "boundary after block 0: no longer a cut", "boundary after block 2: no longer a cut"):
+        assert line in proc.stdout, line
+    exported = load_safetensors(out / "model.safetensors")
+    for name, t in exported.items():
+        if name.startswith("codecs."):  # send0 / recv0: the halves of the cut after block 1
+            half, rest = name[len("codecs."):].split(".", 1)
+            key = f"model.codecs.cut1.{'send' if half == 'send0' else 'recv'}.{rest}"
+        else:
+            key = f"model.{name}"
+        assert torch.equal(t, saved[key]), name
+    weights = {k[len("model."):] for k in saved if k.startswith("model.") and not k.startswith("model.codecs.")}
+    assert {n for n in exported if not n.startswith("codecs.")} == weights
+    assert summary(out)["pipeline_resume"] == {"checkpoint_stages": 4, "stages": 2, "dropped_cuts": [0, 2],
+                                               "boundaries": [{"after_block": 1, "codec_state": "kept"}]}
+
+
+def test_a_virtual_run_resumes_on_more_stages_restarting_its_new_cuts(tmp_path: Path) -> None:
+    """The trainer's path in one process: 2 virtual stages stopped after step 2, resumed on 4 (the new cuts get a
+    PCA start and fresh codebooks before step 3, the kept cut keeps its codec); the run and summary.json say which."""
+    from tests.helpers import summary
+
+    out, virtual = tmp_path / "run", [*MAPL_RVQ, "--pipeline.virtual", "true", "--train.steps", "3"]
+    stop_and_resume(out, [*virtual, "--pipeline.stages", "2"], [*virtual, "--pipeline.stages", "4"], stop_after=2)
+    states = [b["codec_state"] for b in summary(out)["pipeline_resume"]["boundaries"]]
+    assert states == ["restarted", "kept", "restarted"]
+    assert len(losses(out)) == 3

@@ -58,3 +58,36 @@ def test_virtual_and_real_sdp_checkpoints_load_into_each_other(tmp_path):
     old = dict(virtual, names="sdp-virtual")  # an older slimpar's per-worker names
     with pytest.raises(ConfigError, match="cannot load"):
         check_layout(_written(tmp_path, old), virtual)
+
+
+def _pipe(stages: int, *overrides: str, virtual: bool = True) -> dict:
+    where = [] if virtual else ["--pipeline.virtual", "false", "--parallel.workers", str(stages)]
+    return _layout("--pipeline.stages", str(stages), *where, *overrides)
+
+
+def test_a_pipeline_checkpoint_loads_into_another_stage_count_virtual_or_not(tmp_path):
+    four = _pipe(4)
+    assert four["names"] == "pipeline-full" and four["pipeline"]["cuts"] == [0, 1, 2]  # llama_tiny: 4 blocks
+    check_layout(_written(tmp_path, four), _pipe(2))
+    check_layout(_written(tmp_path, four), _pipe(2, virtual=False))
+    hybrid = _layout("--pipeline.stages", "2", "--pipeline.virtual", "false", "--parallel.workers", "4",
+                     "--pipeline.dp", "sdp", "--pipeline.sdp_keep", "0.5")
+    check_layout(_written(tmp_path, _pipe(3, virtual=False)), hybrid)  # 3 stages x DDP -> 2 stages x SDP
+
+
+def test_another_codec_at_a_kept_cut_is_refused_and_named(tmp_path):
+    saved = _written(tmp_path, _pipe(4))
+    with pytest.raises(ConfigError, match="another codec at the cut after block 1,") as e:
+        check_layout(saved, _pipe(2, "--pipeline.compression", "8"))
+    assert "pipeline.compression: checkpoint 4, this run 8" in str(e.value)
+    with pytest.raises(ConfigError, match="seed: checkpoint 0, this run 3"):
+        check_layout(saved, _pipe(2, "--train.seed", "3"))
+
+
+def test_an_older_stage_local_pipeline_checkpoint_loads_only_into_its_own_layout(tmp_path):
+    old = dict(_pipe(4), names="pipeline")
+    del old["pipeline"]["cuts"]  # an older slimpar wrote no cuts
+    check_layout(_written(tmp_path, old), _pipe(4))
+    with pytest.raises(ConfigError, match="older slimpar's pipeline checkpoint, under stage-local names") as e:
+        check_layout(_written(tmp_path, old), _pipe(2))
+    assert "stages: checkpoint 4, this run 2" in str(e.value)

@@ -34,6 +34,18 @@ def test_changes_are_sorted_into_defining_layout_and_accepted():
     assert config_changes(old, _cfg("--model.size", "mini"))[0] == ["model.size: 'tiny' -> 'mini'"]
 
 
+def test_a_pipeline_stage_count_change_is_a_layout_change():
+    pipe = ("--parallel.mode", "pipeline", "--pipeline.codec", "mapl")
+    old = _cfg(*pipe, "--pipeline.stages", "4", "--parallel.workers", "4")
+    defining, layout = config_changes(old, _cfg(*pipe, "--pipeline.stages", "2", "--parallel.workers", "2",
+                                                "--pipeline.dp", "sdp", "--pipeline.sdp_keep", "0.5"))
+    assert defining == []  # noted; checkpoint.check_layout decides what the checkpoint can serve
+    assert layout == ["parallel.workers: 4 -> 2", "pipeline.dp: 'ddp' -> 'sdp'", "pipeline.sdp_keep: 1.0 -> 0.5",
+                      "pipeline.stages: 4 -> 2"]
+    assert config_changes(old, _cfg(*pipe, "--pipeline.stages", "4", "--parallel.workers", "4",
+                                    "--pipeline.rank", "8"))[0] == ["pipeline.rank: 0 -> 8"]
+
+
 def test_extending_a_finished_run_is_a_named_change(tmp_path, capsys):
     (tmp_path / "config.toml").write_text(to_toml(_cfg("--train.steps", "60", "--train.lr", "2e-3")))
     new = _cfg("--train.steps", "80", "--train.lr", "2e-3")

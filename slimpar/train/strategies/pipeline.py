@@ -56,10 +56,11 @@ def build_run_stages(cfg, model, which: list[int]) -> list:
     return stages
 
 
-def _pca_batches(cfg, step: int, batch_fn, d: int) -> list[torch.Tensor]:
-    """The first training batches (token ids) for the PCA start, before step 0's update; [] otherwise."""
-    if step != 0 or resolve_projector_init(cfg.pipeline, d) != "pca":
-        return []  # a resumed run (step > 0) keeps the A of its checkpoint
+def _pca_batches(cfg, keep: frozenset[int] | None, batch_fn, d: int) -> list[torch.Tensor]:
+    """The first training batches (token ids) for a PCA start (``keep`` is not None: before step 0's update,
+    or a resume's first step with new cuts); [] otherwise. A resumed run keeps the A of its kept cuts."""
+    if keep is None or resolve_projector_init(cfg.pipeline, d) != "pca":
+        return []
     return [batch_fn(i, 0)[0] for i in range(cfg.pipeline.pca_batches)]
 
 
@@ -109,9 +110,10 @@ class PipelineStrategy(PipelineStrategyBase):
 
     def _schedule_step(self, step: int, batch_fn) -> float:
         self._begin_step()
-        batches = _pca_batches(self.cfg, step, batch_fn, self.model_dim)
+        keep = self._pca_keep(step)
+        batches = _pca_batches(self.cfg, keep, batch_fn, self.model_dim)
         if batches:
-            calibrate_stage(self.stage, batches, self.pp_stage.prev, self.pp_stage.next, self._replica_sum)
+            calibrate_stage(self.stage, batches, self.pp_stage.prev, self.pp_stage.next, self._replica_sum, keep)
         self.start_step(step)
         if _checksum_due(self.cfg, step) and self.syncs:
             run_phases(self.syncs, "check_post", "check_finish")
@@ -228,9 +230,10 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
 
     def _schedule_step(self, step: int, batch_fn) -> float:
         self._begin_step()
-        batches = _pca_batches(self.cfg, step, batch_fn, self.model_dim)
+        keep = self._pca_keep(step)
+        batches = _pca_batches(self.cfg, keep, batch_fn, self.model_dim)
         if batches:
-            calibrate_virtual(self.stages, self.pipe.links, batches)
+            calibrate_virtual(self.stages, self.pipe.links, batches, keep)
         self.start_step(step)
         if _checksum_due(self.cfg, step):
             self.resyncs += self.pipe.check_shared()

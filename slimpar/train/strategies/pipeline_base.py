@@ -27,6 +27,7 @@ from slimpar.pipeline import accounting, training
 from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.ssn import effective_state_dict
 from slimpar.pipeline.wire import ByteCounter
+from slimpar.train.pipeline_checkpoint import PipelineCheckpoint
 from slimpar.train.strategies.base import Strategy
 from slimpar.train.strategies.pipeline_specs import training_spec
 
@@ -48,6 +49,30 @@ class PipelineStrategyBase(Strategy, abc.ABC):
         self._t0 = time.perf_counter()
         self._stats: dict = {}
         self._summary: dict = {}
+        self._checkpoint: PipelineCheckpoint | None = None
+        self._pca_restarted = False
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    @property
+    def checkpoint_module(self) -> PipelineCheckpoint:
+        """Saves and loads under stage-count-free names (slimpar.train.pipeline_checkpoint)."""
+        if self._checkpoint is None:
+            from slimpar.train.checkpoint import OPTIONS
+
+            self._checkpoint = PipelineCheckpoint(self.model, self.stages, self.cfg.pipeline.stages,
+                                                  self.cfg.pipeline.codec, OPTIONS)
+        return self._checkpoint
+
+    def _pca_keep(self, step: int) -> frozenset[int] | None:
+        """The boundaries whose A a PCA start this step keeps, or None when there is no PCA start this step:
+        step 0 starts every boundary, the first step after a resume with new cuts starts those only."""
+        if step == 0:
+            return frozenset()
+        ck = self._checkpoint
+        if ck is None or not ck.restarted or self._pca_restarted:
+            return None
+        self._pca_restarted = True
+        return frozenset(p for p, b in enumerate(ck.cuts) if b not in ck.restarted)
 
     # -- parameters and optimizer -----------------------------------------------------------------
     def train_step(self, step: int, batch_fn, record=contextlib.nullcontext) -> float:
@@ -145,7 +170,9 @@ class PipelineStrategyBase(Strategy, abc.ABC):
                                              self._tokens_per_step(), d)
 
     def summary_extras(self) -> dict:
-        return dict(self._summary)
+        """The pipeline's numbers; after a resume also what the checkpoint's codec state became per cut."""
+        resumed = self._checkpoint.report if self._checkpoint is not None else None
+        return {**self._summary, "pipeline_resume": resumed}
 
     def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
         return accounting.summary_rows(summary)
