@@ -48,8 +48,12 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
         return 0
     validate(cfg)  # after the world size is known: under torchrun it is WORLD_SIZE
     from slimpar.train.launch import default_run_folder, launch
+    from slimpar.train.validate_limits import check_writable
 
-    out = Path(args.out) if args.out else default_run_folder(config, cfg)
+    if args.out is not None:
+        check_writable(args.out, "--out")
+    out = Path(args.out) if args.out is not None else default_run_folder(config, cfg)
+    check_writable(out, "the run folder")
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun every rank runs this; rank 0 speaks
     if cfg.checkpoint.resume:  # the checkpoint a resume would load must fit this run (layout.json): exit 2
         from slimpar.train.checkpoint import check_resume

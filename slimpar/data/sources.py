@@ -116,8 +116,12 @@ def _check_token_file(d: DataConfig, path: Path, need: int) -> None:
             _fail(f"data.path {d.path!r}: cannot read its token ids ({e})")
         if len(tokens) and tokens.min() < 0:
             _fail(f"data.path {d.path!r} holds negative token ids; token ids are >= 0")
+        if len(tokens) and int(tokens.max()) >= MAX_TOKEN_ID:
+            _fail(f"data.path {d.path!r} holds token id {int(tokens.max())}; ids must be below {MAX_TOKEN_ID:,} "
+                  "(the model would need that many embedding rows): is it a token file?")
 
 
+MAX_TOKEN_ID = 1 << 24  # above every vocabulary in use (LLaMA 3: 128k, Gemma: 256k): larger ids are not tokens
 CHEAP_BYTES = 256 << 20  # data files up to this size are read whole at validation (decoding runs at GB/s)
 
 

@@ -151,6 +151,8 @@ def load_token_file(path: str | Path) -> np.ndarray:
         raise DataUnavailable(f"{str(p)!r} must hold a 1-D integer array, got {tokens.dtype} {tokens.shape}")
     if len(tokens) and tokens.min() < 0:
         raise DataUnavailable(f"{str(p)!r} holds negative token ids")
+    if len(tokens) and int(tokens.max()) >= (1 << 24):  # data.sources.MAX_TOKEN_ID: no vocabulary is that large
+        raise DataUnavailable(f"{str(p)!r} holds token id {int(tokens.max())}, beyond any vocabulary (2**24)")
     return tokens
 
 

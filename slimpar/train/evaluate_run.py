@@ -55,6 +55,7 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None, through_code
         from slimpar.train.evaluate import evaluate
         from slimpar.train.strategies.base import Strategy
 
+        check_shapes(model, state, run_dir)
         model.load_state_dict(state, strict=True)
         results, name = evaluate(Strategy(model), data, cfg, rank=0, world=1), "eval.json"
     (run_dir / name).write_text(json.dumps(results, indent=2))
@@ -64,6 +65,19 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None, through_code
         print("note: evaluated without the pipeline's boundary codecs; --through-codecs evaluates through them "
               "(the quality the pipeline trained)")
     return results
+
+
+def check_shapes(model: torch.nn.Module, state: dict[str, torch.Tensor], run_dir: Path) -> None:
+    """ConfigError (exit 2) when the export's tensors do not fit the model the config builds: an override
+    such as ``--model.size`` names another model than the one the run trained."""
+    mine = model.state_dict()
+    names = sorted(set(mine) ^ set(state))
+    shapes = [f"{k}: export {tuple(state[k].shape)}, model {tuple(mine[k].shape)}"
+              for k in sorted(set(mine) & set(state)) if state[k].shape != mine[k].shape]
+    if names or shapes:
+        detail = "; ".join((shapes + [f"{k} only in {'the export' if k in state else 'the model'}" for k in names])[:3])
+        raise ConfigError(f"{run_dir}/model.safetensors does not fit the model these settings build ({detail}); "
+                          "evaluate with the run's own settings: drop the --model.* overrides")
 
 
 def _through_codecs(cfg, model, data, state: dict[str, torch.Tensor], codecs: dict[str, torch.Tensor]) -> dict:

@@ -12,6 +12,7 @@ from slimpar.config import Config, ConfigError, load_config
 from slimpar.config import check_choice as _choice
 from slimpar.train.ranges import Range
 from slimpar.train.sinks import check_trackers
+from slimpar.train.validate_limits import check_backend, check_memory_floor, check_writable
 
 ARCHS = ("llama", "resnet18", "wrn18", "swin")
 MODES = ("single", "ddp", "fsdp", "sdp", "pipeline")
@@ -43,9 +44,9 @@ RANGES: dict[str, Range] = {
     "model.num_classes": Range(1), "model.in_channels": Range(1), "model.width": Range(1),
     "model.embed_dim": Range(1),
     "data.vocab_size": Range(0), "data.seq_len": Range(0, lo_open=True),
-    "data.heldout_works": Range(0, why="Shakespeare works held out for validation"),
+    "data.heldout_works": Range(0, 41, why="of Shakespeare's 42 works held out for validation; one stays to train on"),
     "train.steps": Range(0, lo_open=True), "train.batch_size": Range(0, lo_open=True),
-    "train.lr": Range(0, lo_open=True, why="the peak learning rate"),
+    "train.lr": Range(0, 10, lo_open=True, why="the peak learning rate; above 10 the first step overflows"),
     "train.min_lr_ratio": Range(0, 1, why="the cosine decay ends at lr * min_lr_ratio"),
     "train.warmup_steps": Range(0), "train.weight_decay": Range(0),
     "train.beta1": Range(0, 1, hi_open=True, why="AdamW's first-moment decay"),
@@ -53,7 +54,8 @@ RANGES: dict[str, Range] = {
     "train.grad_clip": Range(0, why="0 disables clipping"), "train.grad_accum": Range(1),
     "train.seed": Range(0), "train.stop_after": Range(0, why="0 = run to train.steps"),
     "train.skip_bad_steps": Range(0, why="0 = stop at the first non-finite loss"),
-    "parallel.workers": Range(1), "parallel.timeout_s": Range(0, lo_open=True, why="seconds a collective waits"),
+    "parallel.workers": Range(1, 4096, why="a plan for 16,384 workers takes minutes"),
+    "parallel.timeout_s": Range(0, lo_open=True, why="seconds a collective waits"),
     "eval.every": Range(-1, why="0 = auto, -1 = only at the end"), "eval.batches": Range(0, lo_open=True),
     "eval.batch_size": Range(0, MAX_EVAL_BATCH, lo_open=True, why="sequences or images per validation batch"),
     "checkpoint.every": Range(0, why="0 = only at the end"),
@@ -146,10 +148,15 @@ def validate(cfg: Config, *, training: bool = True) -> None:
     if m.arch != "llama" and d.kind != "images":
         raise ConfigError(f"model.arch = {m.arch!r} needs data.kind = 'images'")
     check_trackers(cfg)  # log.tensorboard, log.mlflow: their packages
+    check_backend(cfg)
+    if d.cache_dir:
+        check_writable(d.cache_dir, "data.cache_dir")
     _validate_model(cfg)
     _validate_data(cfg)
     if training:
         _validate_batch(cfg)
+        known = cfg.data.vocab_size if d.kind == "text" and d.tokenizer == "bpe" and d.corpus == "shakespeare" else None
+        check_memory_floor(cfg, known)
     if p.mode == "sdp":
         from slimpar.train.validate_sdp import validate_sdp
 

@@ -202,6 +202,70 @@ def test_out_is_a_file(tmp_path, capsys):
     expect_exit_2(["train", "--config", T, "--out", str(out)], tmp_path, capsys, ("--out", "not a folder"))
 
 
+# ---------------------------------------------------------------- issue 22: values that overflow or allocate
+# without bound, a backend the machine lacks, folders that cannot be written, counts beyond the corpus
+
+LIMIT_CASES: list[tuple[str, list[str], str | tuple[str, ...]]] = [
+    ("huge-lr", ["--train.lr", "1e30"], ("train.lr", "(0, 10]")),
+    ("huge-batch", ["--train.batch_size", "1000000000000"], ("needs at least", "--train.batch_size")),
+    ("huge-vocab", ["--model.vocab_size", "1000000000000"], ("needs at least", "--model.vocab_size")),
+    ("huge-seq-and-batch", ["--data.seq_len", "64", "--train.batch_size", "4000000000"], "needs at least"),
+    ("nccl-on-cpu", ["--parallel.backend", "nccl", "--parallel.mode", "ddp", "--parallel.workers", "2"],
+     ("nccl", "--parallel.device cuda")),
+    ("heldout-beyond-corpus", ["--data.heldout_works", "50"], ("data.heldout_works", "[0, 41]")),
+    ("million-workers", ["--parallel.mode", "sdp", "--parallel.workers", "1000000"], ("parallel.workers", "4096")),
+    ("empty-out", ["--out", ""], ("--out", "empty")),
+    ("blank-out", ["--out", "  "], ("--out", "empty")),
+]
+
+
+@pytest.mark.parametrize("name, extra, match", LIMIT_CASES, ids=[c[0] for c in LIMIT_CASES])
+def test_values_beyond_what_can_run(name, extra, match, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # --out '' used to write into ./runs
+    out = [] if "--out" in extra else ["--out", str(tmp_path / "run")]
+    expect_exit_2(["train", "--config", T, *out, *extra], tmp_path, capsys, match)
+
+
+def test_plan_with_a_million_workers_is_refused_at_once(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # it used to plan for minutes
+    expect_exit_2(["plan", "--config", T, "--parallel.mode", "sdp", "--parallel.workers", "1000000"], tmp_path,
+                  capsys, ("parallel.workers", "4096"))
+
+
+def test_token_id_beyond_any_vocabulary(tmp_path, capsys):
+    ids = np.arange(5000, dtype=np.int64)
+    ids[7] = 1 << 40  # the model would need 2**40 embedding rows
+    path = write(tmp_path / "tokens.npy", _npy(ids))
+    expect_exit_2(["train", "--config", T, "--out", str(tmp_path / "run"), "--data.corpus", "path", "--data.path",
+                   str(path), "--data.ood", "none"], tmp_path, capsys, ("token id 1099511627776", "below"))
+
+
+@pytest.mark.parametrize("field", ["--out", "--data.cache_dir"])
+def test_folder_under_a_regular_file(field, tmp_path, capsys):
+    under = write(tmp_path / "a-file", "x") / "sub"
+    out = [] if field == "--out" else ["--out", str(tmp_path / "run")]
+    expect_exit_2(["train", "--config", T, *out, field, str(under)], tmp_path, capsys, ("a-file", "is a file"))
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A read-only tmpfs (as a read-only mount refuses root too, unlike chmod): the tests run as root here."""
+    import subprocess
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], check=True)
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("field", ["--out", "--data.cache_dir"])
+def test_read_only_folder(field, read_only_folder, tmp_path, capsys):
+    target = str(read_only_folder / "run")
+    out = [] if field == "--out" else ["--out", str(tmp_path / "run")]
+    expect_exit_2(["train", "--config", T, *out, field, target], tmp_path, capsys, ("cannot be written", "Read-only"))
+
+
 # ---------------------------------------------------------------- SDP plans: --sdp.assignment explicit
 
 def _npy(array) -> bytes:
@@ -435,6 +499,12 @@ def test_eval_and_export_refuse_a_missing_or_partial_folder(name, run, match, tm
     expect_exit_2(["export", "--hf", path, str(tmp_path / "hf")], tmp_path, capsys, match)
 
 
+def test_eval_refuses_a_model_that_does_not_fit_the_weights(tiny_run, tmp_path, capsys):
+    run = _copy_run(tiny_run, tmp_path / "run")
+    expect_exit_2(["eval", "--run", str(run), "--model.size", "small"], tmp_path, capsys,
+                  ("does not fit the model", "drop the --model.* overrides"))
+
+
 def test_eval_refuses_a_bad_override(tiny_run, tmp_path, capsys):
     run = _copy_run(tiny_run, tmp_path / "run")
     expect_exit_2(["eval", "--run", str(run), "--train.stepz", "3"], tmp_path, capsys, "unknown config key")
@@ -540,5 +610,6 @@ def test_case_count():
         "data files": len(DATA_CASES) + len(IMAGE_CASES),
         "run folders": len(RUN_DEFECTS) + len(RUN_DEFECTS) - 1 + 2 * len(EVAL_PATH_CASES) + 1 + 2 + 1,
         "checkpoints": len(CKPT_DEFECTS),
+        "limits, backends, folders (issue 22)": len(LIMIT_CASES) + 1 + 1 + 2 + 2 + 1,
     }
     assert sum(counts.values()) >= 100, counts
