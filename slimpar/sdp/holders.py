@@ -46,6 +46,10 @@ def holder_sets(plan: Plan, regime: str) -> list[tuple[int, ...]]:
     return list(plan.distinct_holder_sets) + extra
 
 
+class ReplicaMismatch(RuntimeError):
+    """The holders of a component (or of the shared parameters) hold different values after a step."""
+
+
 class HolderSync:
     """SDP's synchronisation of ``workers`` (worker index -> (its module, its Subnet)) over ``comm``.
 
@@ -168,7 +172,7 @@ class HolderSync:
                 for j, (c, _) in enumerate(m):
                     if any(int(g[j]) != int(prints[w][j]) for g in got):
                         name = "shared parameters" if c < 0 else self.plan.components[c].name
-                        raise RuntimeError(f"SDP replicas of {name} differ across holders {list(hs)}")
+                        raise ReplicaMismatch(f"SDP replicas of {name} differ across holders {list(hs)}")
 
     def _items(self, sub: Subnet) -> list[tuple[int, tuple[int, ...], list[Piece]]]:
         items = [(c, self.plan.holders(c), sub.pieces[c]) for c in sorted(sub.pieces)]

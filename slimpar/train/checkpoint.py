@@ -65,7 +65,13 @@ def save_checkpoint(out_dir: Path, step: int, model, optimizer, rank: int, group
         model_sd, optim_sd = model.state_to_save(optimizer)
     else:
         model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), process_group=group)
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), process_group=group)
+    except BaseException:  # DCP's CheckpointException is a BaseException; every rank gets it, rank 0 removes
+        # the partial folder (a full disk) so that nothing half-written stays behind
+        if rank == 0 and not (path / "trainer.json").exists():
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     if dist.is_initialized():
         dist.barrier(group=group)
     if rank == 0:
@@ -84,17 +90,18 @@ def prune_checkpoints(out_dir: Path, keep_last: int) -> list[Path]:
     """Delete the step folders older than the ``keep_last`` newest complete checkpoints; returns them.
 
     Called by rank 0 only, after the barrier of a successful save, so the newest complete checkpoint
-    (the one just written) is never among them; interrupted saves older than the kept ones go too.
+    (the one just written) is never among them; every interrupted save (no ``trainer.json``) goes too, with
+    ``keep_last = 0`` as well.
     ``trainer.json`` is removed first, so a prune killed halfway leaves an incomplete folder that is
     never resumed from, not a complete-looking one with shards missing.
     """
     root = checkpoint_dir(out_dir)
     steps = sorted((d for d in root.iterdir() if _STEP_DIR.match(d.name)), key=lambda d: d.name)
     complete = [d for d in steps if (d / "trainer.json").is_file()]
-    if keep_last < 1 or len(complete) <= keep_last:
-        return []
-    oldest_kept = complete[-keep_last].name
-    doomed = [d for d in steps if d.name < oldest_kept]
+    doomed = [d for d in steps if d not in complete]  # interrupted saves (a crash, a full disk): never resumed
+    if keep_last >= 1 and len(complete) > keep_last:
+        oldest_kept = complete[-keep_last].name
+        doomed += [d for d in complete if d.name < oldest_kept]
     for d in doomed:
         (d / "trainer.json").unlink(missing_ok=True)
         shutil.rmtree(d, ignore_errors=True)

@@ -10,6 +10,7 @@ restart resumes from the newest complete checkpoint by itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,9 +18,11 @@ import re
 import shutil
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
-from slimpar.config import Config, to_dict, to_toml
+from slimpar.config import Config, from_dict, to_dict, to_toml
+from slimpar.train import failure
 from slimpar.train.init_from import INIT_FROM_RECORD, record_init_from
 from slimpar.train.worker import restart_count, worker_main
 
@@ -63,6 +66,8 @@ def prepare_out_dir(cfg: Config, out_dir: Path) -> None:
     start records the folder's sha256 (:mod:`slimpar.train.init_from`), which later starts check.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
+    if restart_count() == 0:  # a new invocation: the user may have fixed what failed for good
+        failure.clear(out_dir)
     if not cfg.checkpoint.resume and restart_count() == 0:
         for name in FRESH_DELETES:
             path = out_dir / name
@@ -90,49 +95,85 @@ def launch(cfg: Config, out_dir: Path) -> None:
 
 
 def _elastic(cfg: Config, out_dir: Path) -> None:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    """The workers under torch's elastic agent, with slimpar's restarts around it.
 
-    lc = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=cfg.parallel.workers,
-        run_id=f"slimpar-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=cfg.parallel.max_restarts,  # each restart resumes from the newest checkpoint (worker.py)
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
+    The agent runs with ``max_restarts = 0``; restarts happen here, ``parallel.max_restarts`` times at most,
+    each from the newest checkpoint: after a failure that :mod:`slimpar.train.failure` recorded as certain to
+    recur (the NaN guard, an input error, a full disk) the job ends with that message instead."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     # workers share the machine's cores instead of each starting a full thread pool
     # glibc returns freed blocks to the OS only above this size: RSS peaks then track live tensors (env.md)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join([_package_root(), *(p for p in paths if p != _package_root())])
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.parallel.workers)))
-    quiet = _QuietInterrupt()
-    loggers = [logging.getLogger(f"torch.distributed.elastic.{m}.api") for m in ("agent.server", "multiprocessing")]
-    for logger in loggers:
-        logger.addFilter(quiet)
+    restarts = cfg.parallel.max_restarts
+    with _quiet_agent():
+        for attempt in range(restarts + 1):
+            try:
+                _agent_run(cfg, out_dir)
+                return
+            except ChildFailedError as e:
+                recorded = failure.read(out_dir)
+                if recorded is not None and restarts:
+                    print(failure.not_retried(recorded[0]), file=sys.stderr, flush=True)  # its paragraph is above
+                if recorded is not None or attempt == restarts:
+                    raise
+                print(f"slimpar: {describe_failure(e)}; restarting every worker from the newest checkpoint "
+                      f"(restart {attempt + 1} of {restarts})", file=sys.stderr, flush=True)
+                tree = to_dict(cfg)
+                cfg = from_dict({**tree, "checkpoint": {**tree["checkpoint"], "resume": True}})
+
+
+def _agent_run(cfg: Config, out_dir: Path) -> None:
+    """One start of every worker under torch's elastic agent (a c10d rendezvous on this host)."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.parallel.workers,
+                      run_id=f"slimpar-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                      max_restarts=0, monitor_interval=0.1)
+    # each worker runs ``python -m slimpar.train.worker_entry`` (why: worker_entry.py) with this slimpar
+    elastic_launch(lc, sys.executable)("-m", "slimpar.train.worker_entry", json.dumps(to_dict(cfg)), str(out_dir))
+
+
+def describe_failure(e: BaseException) -> str:
+    """'rank 1 exited with code 1' (or 'was killed by SIGKILL') from the agent's ChildFailedError."""
+    import signal
+
+    parts = []
+    for rank, f in sorted(getattr(e, "failures", {}).items()):
+        code = getattr(f, "exitcode", None)
+        if isinstance(code, int) and code < 0:
+            try:
+                parts.append(f"rank {rank} was killed by {signal.Signals(-code).name}")
+            except ValueError:
+                parts.append(f"rank {rank} was killed by signal {-code}")
+        else:
+            parts.append(f"rank {rank} exited with code {code}")
+    return ", ".join(parts) or "a worker failed"
+
+
+_AGENT_LOGGERS = ("agent.server.api", "agent.server.local_elastic_agent", "multiprocessing.api",
+                  "rendezvous.dynamic_rendezvous", "rendezvous.c10d_rendezvous_backend")
+
+
+@contextlib.contextmanager
+def _quiet_agent() -> Iterator[None]:
+    """Silence the elastic agent's own log lines while it runs (Ctrl-C's "Received 2 death signal", "Sending
+    process N closing signal SIGTERM", "failed (exitcode: 1)"): slimpar says what failed, once, in its own words:
+    the worker's paragraph, then :func:`describe_failure` or the CLI's closing line."""
+    loggers = [logging.getLogger(f"torch.distributed.elastic.{name}") for name in _AGENT_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
     try:
-        # each worker runs ``python -m slimpar.train.worker_entry`` (why: worker_entry.py) with this slimpar
-        elastic_launch(lc, sys.executable)("-m", "slimpar.train.worker_entry", json.dumps(to_dict(cfg)),
-                                          str(out_dir))
+        yield
     finally:
-        for logger in loggers:
-            logger.removeFilter(quiet)
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def _package_root() -> str:
     """The folder that holds this ``slimpar`` package: the workers import the same copy as the launcher."""
     return str(Path(__file__).resolve().parents[2])
-
-
-class _QuietInterrupt(logging.Filter):
-    """Drops the elastic agent's log lines about Ctrl-C ("Received 2 death signal", "Sending process N closing
-    signal SIGINT", and "Unable to shutdown process N via 2" for a worker blocked in a C call, which the agent
-    then kills): the user pressed it, and slimpar's one line says where the run is and how to resume it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not any(s in msg for s in ("Received 2 death signal", "via signal SIGINT", "closing signal SIGINT",
-                                          "via 2, forcefully exiting via 9"))

@@ -46,7 +46,7 @@ RANGES: dict[str, Range] = {
     "data.vocab_size": Range(0), "data.seq_len": Range(0, lo_open=True),
     "data.heldout_works": Range(0, 41, why="of Shakespeare's 42 works held out for validation; one stays to train on"),
     "train.steps": Range(0, lo_open=True), "train.batch_size": Range(0, lo_open=True),
-    "train.lr": Range(0, 10, lo_open=True, why="the peak learning rate; above 10 the first step overflows"),
+    "train.lr": Range(0, 1e6, lo_open=True, why="the peak learning rate; far above it fp32 weights overflow"),
     "train.min_lr_ratio": Range(0, 1, why="the cosine decay ends at lr * min_lr_ratio"),
     "train.warmup_steps": Range(0), "train.weight_decay": Range(0),
     "train.beta1": Range(0, 1, hi_open=True, why="AdamW's first-moment decay"),

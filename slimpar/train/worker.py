@@ -8,6 +8,7 @@ launcher (slimpar's or torchrun) ends the whole job instead of leaving it hangin
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -17,7 +18,10 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from slimpar.config import Config, from_dict
+from slimpar.config import Config, ConfigError, from_dict
+from slimpar.data.errors import DataUnavailable
+from slimpar.sdp.holders import ReplicaMismatch
+from slimpar.train import failure
 from slimpar.train.context import RunContext, init_context
 from slimpar.train.guard import TrainingDiverged
 from slimpar.train.trainer import Trainer
@@ -58,6 +62,12 @@ def _quiet_ctrl_c():
 def _run(cfg: Config, out_dir: str) -> None:
     if restart_count() > 0:
         cfg.checkpoint.resume = True
+        recorded = failure.read(out_dir)
+        if recorded is not None:  # torchrun's agent restarts regardless: end at once (failure.py)
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(f"slimpar: error: {recorded[1]}\n{failure.not_retried(recorded[0])}", file=sys.stderr,
+                      flush=True)
+            raise SystemExit(recorded[2])
     init_attempt_group(cfg)
     ctx = init_context(cfg, Path(out_dir))
     try:
@@ -71,8 +81,31 @@ def _run(cfg: Config, out_dir: str) -> None:
     except TrainingDiverged as e:
         if ctx.is_main:  # every rank reached the same verdict; one message is enough
             print(f"slimpar: error: {e}", file=sys.stderr, flush=True)
+        failure.record(out_dir, "the NaN guard", str(e), 1)
         raise SystemExit(1) from None
-    except Exception as e:
+    except (ConfigError, DataUnavailable) as e:  # input found wrong only inside the run (a checkpoint, data)
+        if ctx.is_main:
+            print(f"slimpar: error: {e}", file=sys.stderr, flush=True)
+        failure.record(out_dir, "this input error", str(e), 2)
+        raise SystemExit(2) from None
+    except ReplicaMismatch as e:
+        print(f"slimpar: error: rank {ctx.rank}: {e} (checked every sdp.check_every = {cfg.sdp.check_every} "
+              "steps): a worker's copy drifted from its holders' (a memory fault, or a kernel that is not "
+              "deterministic across workers). Resume from the newest checkpoint (the same command, or "
+              "--max-restarts N to do it by itself); if it recurs, report it with the run folder",
+              file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # DCP's CheckpointException derives from BaseException
+        if disk_full(e):
+            message = (f"the disk is full (No space left on device) under {out_dir}: the step's checkpoint "
+                       "was not written and its partial folder removed; free space (or lower "
+                       "--checkpoint.keep_last), then resume with the same command")
+            if ctx.is_main:
+                print(f"slimpar: error: {message}", file=sys.stderr, flush=True)
+            failure.record(out_dir, "the full disk", message, 1)
+            raise SystemExit(1) from None
         if not is_timeout(e):
             raise
         print(timeout_message(e, cfg, ctx), file=sys.stderr, flush=True)
@@ -124,6 +157,22 @@ def init_attempt_group(cfg: Config) -> None:
                           timeout=timeout)
     store = dist.PrefixStore(f"{ATTEMPT_PREFIX}{restart_count()}", store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device)
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether ``e`` (or what it wraps: DCP collects each rank's error into a CheckpointException) is ENOSPC."""
+    seen: list[BaseException] = []
+    todo: list[object] = [e]
+    while todo:
+        x = todo.pop()
+        if not isinstance(x, BaseException) or any(x is y for y in seen):
+            continue
+        seen.append(x)
+        if isinstance(x, OSError) and x.errno == errno.ENOSPC:
+            return True
+        wrapped = getattr(x, "failures", {}).values()  # DCP: rank -> (exception, stack summary)
+        todo += [x.__cause__, x.__context__, *(w[0] if isinstance(w, tuple) else w for w in wrapped)]
+    return any("No space left on device" in str(x) for x in seen)
 
 
 def is_timeout(e: BaseException) -> bool:

@@ -37,13 +37,16 @@ def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
     _step_dirs(tmp_path, [2, 4, 6, 8])
     _step_dirs(tmp_path, [3, 10], complete=False)  # interrupted saves: 3 is older than the kept ones, 10 newer
     gone = prune_checkpoints(tmp_path, keep_last=2)
-    assert sorted(d.name for d in gone) == ["step_000002", "step_000003", "step_000004"]
+    # every interrupted save goes (a crash or a full disk left it; it is never resumed from)
+    assert sorted(d.name for d in gone) == ["step_000002", "step_000003", "step_000004", "step_000010"]
     left = sorted(d.name for d in (tmp_path / "checkpoints").iterdir())
-    assert left == ["step_000006", "step_000008", "step_000010"]
+    assert left == ["step_000006", "step_000008"]
     assert latest_checkpoint(tmp_path).name == "step_000008"
     assert prune_checkpoints(tmp_path, keep_last=1)[0].name == "step_000006"
     assert latest_checkpoint(tmp_path).name == "step_000008"  # the newest complete one is never deleted
     assert prune_checkpoints(tmp_path, keep_last=0) == []
+    _step_dirs(tmp_path, [9], complete=False)
+    assert [d.name for d in prune_checkpoints(tmp_path, keep_last=0)] == ["step_000009"]  # keep all: partials go
 
 
 def test_defaults_resume_and_fresh_deletes_only_old_outputs(tmp_path):
