@@ -14,6 +14,7 @@ import time
 import torch.distributed as dist
 
 from slimpar.config import Config, to_dict
+from slimpar.data.shares import batch_share
 from slimpar.parallel.comm import StepInstrument, wire_bytes_written
 from slimpar.train import memory
 from slimpar.train.build import build_data, build_model, eval_every, lr_at, total_steps
@@ -25,6 +26,7 @@ from slimpar.train.checkpoint import (
     save_checkpoint,
 )
 from slimpar.train.context import RunContext
+from slimpar.train.elastic import SampleLog, membership_changes, record_start, restart_count
 from slimpar.train.guard import StepGuard, check_export
 from slimpar.train.init_from import check_init_from
 from slimpar.train.metrics import (
@@ -78,11 +80,20 @@ class Trainer:
                 if ctx.is_main:
                     print(f"resuming from step {self.start}, checkpoint {path}", flush=True)
         self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
+        self.samples = SampleLog(cfg.log.samples, ctx.group)
+        if ctx.is_main:  # a start on another world size than the last one is a membership change (elastic.py)
+            change = record_start(ctx.out_dir, ctx.world, self.start, restart_count())
+            if change is not None:
+                self.writer.write({"kind": "membership", **change})
+                print(f"membership change at step {change['step']}: {change['old_world']} -> "
+                      f"{change['new_world']} workers ({change['reason']})", flush=True)
 
     # ------------------------------------------------------------------ step
     def _batch(self, step: int, micro: int):
         cfg, ctx, s = self.cfg, self.ctx, self.strategy
         acc = cfg.train.grad_accum
+        self.samples.note(step, s.dp_rank, batch_share(step, s.dp_rank * acc + micro, s.dp_world * acc,
+                                                       cfg.train.batch_size))
         if cfg.data.kind == "text":
             x, y = self.data.train_batch(step, s.dp_rank * acc + micro, s.dp_world * acc, cfg.train.batch_size,
                                          cfg.data.seq_len)
@@ -96,6 +107,7 @@ class Trainer:
         for g, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             g["lr"] = base * scale
         self.optimizer.zero_grad(set_to_none=True)
+        self.samples.step = step
         record = saved.record if saved is not None else contextlib.nullcontext
         loss = self.strategy.train_step(step, self._batch, record)
         self.strategy.after_backward()
@@ -198,6 +210,8 @@ class Trainer:
             if self.eval_every and done % self.eval_every == 0 and not last:
                 record.update(self._evaluate())
             record.update(self.strategy.step_metrics())
+            if cfg.log.samples:
+                record["samples"] = self.samples.collect()
             self.writer.write(record)
             for sink in self.sinks:
                 sink.write(record)
@@ -247,6 +261,7 @@ class Trainer:
             "skipped_steps": self.guard.skipped,
             "resumed_from_step": self.start if self.resumed_from else None,  # this invocation's start
             "resumed_from": self.resumed_from,
+            "membership": membership_changes(ctx.out_dir),  # every change of the world size (elastic.py)
             "config": to_dict(cfg),
             "git_commit": git_commit(),
             "versions": versions(),

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from slimpar.config import Config, from_dict
 from slimpar.train.context import RunContext, init_context
+from slimpar.train.elastic import restart_count
 from slimpar.train.guard import TrainingDiverged
 from slimpar.train.trainer import Trainer
 
@@ -81,11 +82,6 @@ def _run(cfg: Config, out_dir: str) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def restart_count() -> int:
-    """How many times the elastic agent (torchrun's or slimpar's) has restarted this job's workers."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 ATTEMPT_PREFIX = "slimpar/attempt"
