@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -92,12 +93,23 @@ class TwoNodes(ThrottledNetwork):
 
 
 def torchrun_command(nodes: TwoNodes, k: int, port: int, rdzv_id: str, train_args: list[str],
-                     nproc_per_node: int = 2) -> list[str]:
-    """The command node ``k`` runs (without the ``ip netns exec`` prefix): torchrun, then ``slimpar train``."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", str(nproc_per_node),
-            "--node_rank", str(k), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{nodes.host_ip(0)}:{port}",
-            "--rdzv_id", rdzv_id, "--rdzv_conf", f"is_host={int(k == 0)}", "--local_addr", nodes.host_ip(k),
-            "--max_restarts", "0", "--monitor_interval", "0.2", "-m", "slimpar", "train", *train_args]
+                     nproc_per_node: int = 2, nnodes: str = "2", max_restarts: int = 0,
+                     rdzv_conf: dict[str, int] | None = None) -> list[str]:
+    """The command node ``k`` runs (without the ``ip netns exec`` prefix): torchrun, then ``slimpar train``.
+
+    ``nnodes`` ``"MIN:MAX"`` (e.g. ``"1:2"``) with ``max_restarts`` > 0 is an elastic job (``ELASTIC_RDZV``);
+    an elastic node joins without ``--node_rank`` (the rendezvous assigns node ranks)."""
+    conf = ",".join(f"{key}={v}" for key, v in {"is_host": int(k == 0), **(rdzv_conf or {})}.items())
+    rank = [] if ":" in nnodes else ["--node_rank", str(k)]
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc_per_node", str(nproc_per_node),
+            *rank, "--rdzv_backend", "c10d", "--rdzv_endpoint", f"{nodes.host_ip(0)}:{port}",
+            "--rdzv_id", rdzv_id, "--rdzv_conf", conf, "--local_addr", nodes.host_ip(k),
+            "--max_restarts", str(max_restarts), "--monitor_interval", "0.2", "-m", "slimpar", "train", *train_args]
+
+
+# c10d rendezvous settings of the elastic tests: a dead node's heartbeat expires after 2 x 3 s, a round closes
+# 4 s after its minimum of nodes has joined, and a restarted agent waits at most 120 s for that minimum
+ELASTIC_RDZV = {"join_timeout": 120, "last_call_timeout": 4, "keep_alive_interval": 2, "keep_alive_max_attempt": 3}
 
 
 def node_env(nodes: TwoNodes, k: int) -> dict[str, str]:
@@ -108,6 +120,41 @@ def node_env(nodes: TwoNodes, k: int) -> dict[str, str]:
                PYTHONWARNINGS="ignore",
                PYTHONPATH=os.pathsep.join(p for p in (pkg_root, os.environ.get("PYTHONPATH", "")) if p))
     return env
+
+
+def start_two_nodes(nodes: TwoNodes, config: str | Path, out: Path, overrides: list[str], nproc_per_node: int = 2,
+                    **torchrun: Any) -> tuple[list[subprocess.Popen], list[list[str]]]:
+    """Start one torchrun per node (node 1 first: it waits for node 0's store); returns the agents and commands.
+
+    Each node's output goes to ``out/nodes/node{k}.{out,err}``; ``torchrun`` are :func:`torchrun_command`'s
+    elastic keywords. Every agent is started in a session of its own (its workers start their own)."""
+    logs = out / "nodes"
+    logs.mkdir(parents=True, exist_ok=True)
+    port, rdzv_id = free_port(nodes, 0), f"slimpar-{uuid.uuid4().hex[:8]}"
+    train = ["--config", str(Path(config).resolve()), "--out", str(out), *overrides]
+    cmds = [torchrun_command(nodes, k, port, rdzv_id, train, nproc_per_node, **torchrun) for k in (0, 1)]
+    procs: dict[int, subprocess.Popen] = {}
+    try:
+        for k in (1, 0):
+            with open(logs / f"node{k}.out", "w") as so, open(logs / f"node{k}.err", "w") as se:
+                procs[k] = subprocess.Popen([*nodes.exec_prefix(k), *cmds[k]], stdout=so, stderr=se,
+                                            env=node_env(nodes, k), start_new_session=True)
+    except BaseException:
+        _kill(list(procs.values()))
+        raise
+    return [procs[0], procs[1]], cmds
+
+
+def kill_node(nodes: TwoNodes, k: int) -> list[int]:
+    """SIGKILL every process in node ``k``'s namespace (its agent and the workers, which torchrun starts in
+    sessions of their own): the node is gone at once, as after a power cut. Returns the pids killed."""
+    pids = [int(p) for p in _run(["ip", "netns", "pids", nodes.namespace(k)]).stdout.split()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
 
 
 def run_two_nodes(nodes: TwoNodes, config: str | Path, out: str | Path, overrides: list[str],
@@ -122,23 +169,10 @@ def run_two_nodes(nodes: TwoNodes, config: str | Path, out: str | Path, override
     ``LATENCY_NOTE``; the same is written to ``out/links.json``.
     """
     out = Path(out).resolve()
-    logs = out / "nodes"
-    logs.mkdir(parents=True, exist_ok=True)
-    port, rdzv_id = free_port(nodes, 0), f"slimpar-{uuid.uuid4().hex[:8]}"
-    train = ["--config", str(Path(config).resolve()), "--out", str(out), *overrides]
-    cmds = [torchrun_command(nodes, k, port, rdzv_id, train, nproc_per_node) for k in (0, 1)]
     before = [nodes.link_stats(k) for k in (0, 1)]
     t0 = time.perf_counter()
-    procs: list[subprocess.Popen] = []
-    try:
-        for k in (0, 1):
-            with open(logs / f"node{k}.out", "w") as so, open(logs / f"node{k}.err", "w") as se:
-                procs.append(subprocess.Popen([*nodes.exec_prefix(k), *cmds[k]], stdout=so, stderr=se,
-                                              env=node_env(nodes, k), start_new_session=True))
-    except BaseException:
-        _kill(procs)
-        raise
-    _wait_all(procs, logs, timeout_s, name="node", stem="node")
+    procs, cmds = start_two_nodes(nodes, config, out, overrides, nproc_per_node)
+    _wait_all(procs, out / "nodes", timeout_s, name="node", stem="node")
     wall = time.perf_counter() - t0
     after = [nodes.link_stats(k) for k in (0, 1)]
     links = {
@@ -151,3 +185,40 @@ def run_two_nodes(nodes: TwoNodes, config: str | Path, out: str | Path, override
     (out / "links.json").write_text(json.dumps(links, indent=1))
     summary = json.loads((out / "summary.json").read_text())
     return {**summary, "links": links}
+
+
+def run_elastic_two_nodes(nodes: TwoNodes, config: str | Path, out: str | Path, overrides: list[str],
+                          kill_after: int, max_restarts: int = 1, nproc_per_node: int = 2,
+                          timeout_s: float = 600.0) -> dict[str, Any]:
+    """An elastic job (``--nnodes 1:2``) on both nodes, node 1 killed once checkpoint ``kill_after`` exists.
+
+    Both agents start with ``ELASTIC_RDZV`` and ``--max-restarts max_restarts``. As soon as the newest complete
+    checkpoint in ``out`` is at step ``kill_after`` or later, :func:`kill_node` ends node 1; node 0's workers
+    fail on their next collective, its agent restarts them (one restart) in a new rendezvous round of node 0
+    alone, and they resume from the newest checkpoint with ``nproc_per_node`` workers. Returns rank 0's summary
+    with ``elastic``: the newest checkpoint at the kill, the pids killed, the wall time and the two commands.
+    """
+    from slimpar.train.checkpoint import latest_checkpoint
+
+    out = Path(out).resolve()
+    t0 = time.perf_counter()
+    procs, cmds = start_two_nodes(nodes, config, out, overrides, nproc_per_node, nnodes="1:2",
+                                  max_restarts=max_restarts, rdzv_conf=ELASTIC_RDZV)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while (ckpt := latest_checkpoint(out)) is None or int(ckpt.name.split("_")[-1]) < kill_after:
+            codes = [p.poll() for p in procs]
+            if any(c is not None for c in codes) or time.monotonic() > deadline:
+                raise RuntimeError(f"no checkpoint of step {kill_after} before the nodes ended ({codes}) or the "
+                                   f"deadline; node 0 stderr:\n{(out / 'nodes' / 'node0.err').read_text()[-4000:]}")
+            time.sleep(0.05)
+        killed = kill_node(nodes, 1)
+        procs[1].wait(timeout=30)
+    except BaseException:
+        _kill(procs)
+        raise
+    _wait_all(procs[:1], out / "nodes", max(deadline - time.monotonic(), 1.0), name="node", stem="node")
+    elastic = {"checkpoint_at_kill": ckpt.name, "killed_pids": len(killed), "wall_s": time.perf_counter() - t0,
+               "commands": [" ".join([*nodes.exec_prefix(k), *cmds[k]]) for k in (0, 1)]}
+    (out / "elastic.json").write_text(json.dumps(elastic, indent=1))
+    return {**json.loads((out / "summary.json").read_text()), "elastic": elastic}
