@@ -37,6 +37,11 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
+def elastic_job() -> str | None:
+    """The torchrun job this worker belongs to (its rendezvous id), or None outside an elastic agent."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") or None
+
+
 def fit_grad_accum(batch: int, accum: int, world: int) -> int:
     """The gradient accumulation a world of ``world`` data-parallel workers uses for global batch ``batch``.
 
@@ -68,21 +73,25 @@ def _read(out_dir: Path) -> dict[str, Any]:
     return {"attempts": [], "changes": []}
 
 
-def record_start(out_dir: Path, world: int, step: int, restart: int) -> dict[str, Any] | None:
+def record_start(out_dir: Path, world: int, step: int, restart: int, job: str | None = None) -> dict[str, Any] | None:
     """Append this start to ``OUT/membership.json`` (rank 0); return the membership change it makes, if any.
 
     ``step`` is the step the start resumes from (0 without a checkpoint), ``restart`` the elastic agent's
-    restart count (``TORCHELASTIC_RESTART_COUNT``: 0 for a start by hand). The file is replaced atomically.
+    restart count (``TORCHELASTIC_RESTART_COUNT``; a re-formation for a joining node does not count),
+    ``job`` the torchrun job id (``TORCHELASTIC_RUN_ID``): a start of the same job as the previous one is
+    that job re-formed by its agents, any other a new start. The file is replaced atomically.
     """
     data = _read(out_dir)
-    previous = data["attempts"][-1]["world"] if data["attempts"] else None
-    data["attempts"].append({"world": world, "step": step, "restart": restart})
+    last = data["attempts"][-1] if data["attempts"] else None
+    data["attempts"].append({"world": world, "step": step, "restart": restart, "job": job})
     change = None
-    if previous is not None and previous != world:
-        how = f"elastic restart {restart}" if restart else "a new start by hand"
+    if last is not None and last["world"] != world:
+        previous = last["world"]
+        same = job is not None and last.get("job") == job
+        how = f"the elastic job re-formed (agent restart count {restart})" if same else "a new start"
         verb = "left" if world < previous else "joined"
         change = {"step": step, "old_world": previous, "new_world": world,
-                  "reason": f"{abs(previous - world)} worker(s) {verb}; {how} resumed from step {step}",
+                  "reason": f"{abs(previous - world)} worker(s) {verb}: {how}, resumed from step {step}",
                   "restart": restart}
         data["changes"].append(change)
     path = Path(out_dir) / MEMBERSHIP

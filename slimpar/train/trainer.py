@@ -26,7 +26,7 @@ from slimpar.train.checkpoint import (
     save_checkpoint,
 )
 from slimpar.train.context import RunContext
-from slimpar.train.elastic import SampleLog, membership_changes, record_start, restart_count
+from slimpar.train.elastic import SampleLog, elastic_job, membership_changes, record_start, restart_count
 from slimpar.train.guard import StepGuard, check_export
 from slimpar.train.init_from import check_init_from
 from slimpar.train.metrics import (
@@ -82,7 +82,7 @@ class Trainer:
         self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
         self.samples = SampleLog(cfg.log.samples, ctx.group)
         if ctx.is_main:  # a start on another world size than the last one is a membership change (elastic.py)
-            change = record_start(ctx.out_dir, ctx.world, self.start, restart_count())
+            change = record_start(ctx.out_dir, ctx.world, self.start, restart_count(), elastic_job())
             if change is not None:
                 self.writer.write({"kind": "membership", **change})
                 print(f"membership change at step {change['step']}: {change['old_world']} -> "

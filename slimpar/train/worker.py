@@ -74,6 +74,9 @@ def _run(cfg: Config, out_dir: str) -> None:
             print(f"slimpar: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except Exception as e:
+        if peer_lost(e):  # a dead peer (a node gone): one paragraph; an elastic agent re-forms the job
+            print(peer_lost_message(e, ctx), file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
         if not is_timeout(e):
             raise
         print(timeout_message(e, cfg, ctx), file=sys.stderr, flush=True)
@@ -126,6 +129,21 @@ def is_timeout(e: BaseException) -> bool:
     """Whether ``e`` is a collective (or store) that gave up waiting: gloo and NCCL say "timed out"/"timeout"."""
     text = str(e).lower()
     return isinstance(e, (RuntimeError, dist.DistError)) and ("timed out" in text or "timeout" in text)
+
+
+def peer_lost(e: BaseException) -> bool:
+    """Whether ``e`` is a collective whose peer's connection broke (gloo: "Connection closed by peer",
+    "Connection reset by peer"): that worker's process, or its whole node, is gone."""
+    text = str(e).lower()
+    return isinstance(e, (RuntimeError, dist.DistError)) and ("closed by peer" in text or "reset by peer" in text)
+
+
+def peer_lost_message(e: BaseException, ctx: RunContext) -> str:
+    first = str(e).strip().splitlines()[0][:300]
+    return (f"slimpar: error: rank {ctx.rank} of {ctx.world} lost a peer in {failed_operation(e)}: another worker "
+            "or its node died. Under torchrun --nnodes MIN:MAX --max-restarts K the surviving agents re-form the "
+            "job and it resumes from the newest checkpoint (docs/multinode.md, Elastic runs); otherwise resume it "
+            f"with the same command. (torch: {first})")
 
 
 def failed_operation(e: BaseException) -> str:

@@ -26,12 +26,13 @@ def test_shares_cover_each_step_once_at_any_world():
 
 
 def test_a_start_on_another_world_is_a_membership_change(tmp_path):
-    assert record_start(tmp_path, 4, 0, 0) is None
-    assert record_start(tmp_path, 4, 0, 1) is None  # a restart on the same world
-    change = record_start(tmp_path, 2, 6, 2)
+    assert record_start(tmp_path, 4, 0, 0, "job") is None
+    assert record_start(tmp_path, 4, 0, 1, "job") is None  # a restart on the same world
+    change = record_start(tmp_path, 2, 6, 2, "job")
     assert change == {"step": 6, "old_world": 4, "new_world": 2, "restart": 2,
-                      "reason": "2 worker(s) left; elastic restart 2 resumed from step 6"}
-    assert record_start(tmp_path, 4, 8, 0)["reason"].startswith("2 worker(s) joined; a new start by hand")
+                      "reason": "2 worker(s) left: the elastic job re-formed (agent restart count 2), resumed from "
+                                "step 6"}
+    assert record_start(tmp_path, 4, 8, 0)["reason"] == "2 worker(s) joined: a new start, resumed from step 8"
     assert [c["new_world"] for c in membership_changes(tmp_path)] == [2, 4]
     assert len(json.loads((tmp_path / "membership.json").read_text())["attempts"]) == 4
 
