@@ -216,8 +216,8 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                             "holds one, else start at step 0; metrics.jsonl is cut back to that checkpoint's step")
     start.add_argument("--fresh", action="store_true",
                        help="start over in --out: after validation passes, delete its checkpoints/, metrics.jsonl, "
-                            "summary.json, model.safetensors, manifest.json, eval.json, init_from.json, tensorboard/ "
-                            "and mlruns/ (the config's checkpoint.resume = false)")
+                            "summary.json, model.safetensors, manifest.json, eval.json, init_from.json, tensorboard/, "
+                            "mlruns/ and membership.json (the config's checkpoint.resume = false)")
     t.add_argument("--max-restarts", dest="max_restarts", type=int, metavar="N",
                    help="restart all workers after a failure (a killed or hung worker) up to N times; each restart "
                         "resumes from the newest checkpoint (the config's parallel.max_restarts; under torchrun "

@@ -18,6 +18,10 @@ Two additions are needed only because both "nodes" share one hostname (there is 
 ``--rdzv_conf is_host=1|0`` tells node 0's agent to host the rendezvous store (on real hosts torchrun finds
 that out by matching the endpoint against its own hostname) and ``--local_addr`` gives each agent its
 address instead of the shared hostname.
+
+``run_elastic_two_nodes`` runs the elastic form (``--nnodes 1:2 --max-restarts K``, short rendezvous timeouts
+``ELASTIC_RDZV``) and takes node 1 away mid-run with :func:`kill_node` (every process of its namespace gets
+SIGKILL), optionally after letting it join a job node 0 started alone (docs/multinode.md, "Elastic runs").
 """
 
 from __future__ import annotations
