@@ -49,3 +49,22 @@ def test_the_sample_log_keeps_the_trained_step_only():
     off.step = 0
     off.note(0, 0, range(0, 4))
     assert off.collect() == []
+
+
+def test_a_memory_budget_is_replanned_for_the_new_share():
+    """A re-formed world re-plans with its own share of the global batch: 2 workers take 4 sequences each of
+    B = 8 instead of 2, so their activations double and a 9 MiB budget holds 3 of 4 blocks instead of all."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT, TINY
+
+    keeps = {}
+    for world in (4, 2):
+        cmd = [sys.executable, "-m", "slimpar", "plan", "--config", str(TINY), "--parallel.mode", "sdp",
+               "--parallel.workers", str(world), "--train.batch_size", "8", "--sdp.memory_budget", "9MiB", "--json"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, check=True).stdout
+        plan = json.loads(out)
+        keeps[world] = plan["keep_per_worker"]
+        assert plan["memory_budget"]["tokens_per_worker"] == 8 // world * 64
+    assert keeps == {4: [1.0] * 4, 2: [0.75] * 2}
