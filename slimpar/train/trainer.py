@@ -81,12 +81,15 @@ class Trainer:
                     print(f"resuming from step {self.start}, checkpoint {path}", flush=True)
         self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
         self.samples = SampleLog(cfg.log.samples, ctx.group)
-        if ctx.is_main:  # a start on another world size than the last one is a membership change (elastic.py)
-            change = record_start(ctx.out_dir, ctx.world, self.start, restart_count(), elastic_job())
-            if change is not None:
-                self.writer.write({"kind": "membership", **change})
-                print(f"membership change at step {change['step']}: {change['old_world']} -> "
-                      f"{change['new_world']} workers ({change['reason']})", flush=True)
+
+    def _record_membership(self) -> None:
+        """Rank 0: this start in ``membership.json``; on another world size than the last start's, a membership
+        change in ``metrics.jsonl`` (after the line of the step resumed from) and on the console (elastic.py)."""
+        change = record_start(self.ctx.out_dir, self.ctx.world, self.start, restart_count(), elastic_job())
+        if change is not None:
+            self.writer.write({"kind": "membership", **change})
+            print(f"membership change at step {change['step']}: {change['old_world']} -> {change['new_world']} "
+                  f"workers ({change['reason']})", flush=True)
 
     # ------------------------------------------------------------------ step
     def _batch(self, step: int, micro: int):
@@ -179,6 +182,8 @@ class Trainer:
                 print(f"note: {ctx.out_dir} already holds the checkpoint of step {self.start}: nothing to train "
                       "(slimpar train --fresh starts over)", flush=True)
             return
+        if ctx.is_main:
+            self._record_membership()
         for step in range(self.start, end):
             t0 = time.perf_counter()
             if step == measure_at:
