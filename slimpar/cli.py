@@ -118,16 +118,29 @@ def _failed(out: Path, again: str) -> str:
 
 
 def _join_torchrun(cfg: Config) -> Config:
-    """Under torchrun, ``parallel.workers`` is the group's WORLD_SIZE (validated afterwards, by ``_train``)."""
+    """Under torchrun, ``parallel.workers`` is the group's WORLD_SIZE (validated afterwards, by ``_train``).
+
+    The global batch ``train.batch_size`` stays whatever the world (an elastic run re-formed with fewer or more
+    workers): each data-parallel worker takes its share, with ``train.grad_accum`` lowered only where the
+    share does not split into it (:func:`slimpar.train.elastic.fit_grad_accum`)."""
     import os
 
     from slimpar.train.launch import under_torchrun
 
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
-        if cfg.parallel.workers != world and int(os.environ.get("RANK", "0")) == 0:
+        main = int(os.environ.get("RANK", "0")) == 0
+        if cfg.parallel.workers != world and main:
             print(f"note: joining the torchrun group of {world} processes (parallel.workers = {world})")
         cfg.parallel.workers = world
+        if cfg.parallel.mode in ("single", "ddp", "fsdp", "sdp") and not cfg.sdp.virtual:
+            from slimpar.train.elastic import fit_grad_accum
+
+            accum = fit_grad_accum(cfg.train.batch_size, cfg.train.grad_accum, world)
+            if accum != cfg.train.grad_accum and main:
+                print(f"note: the global batch {cfg.train.batch_size} over {world} workers: train.grad_accum "
+                      f"{cfg.train.grad_accum} -> {accum}")
+            cfg.train.grad_accum = accum
     return cfg
 
 
@@ -207,8 +220,8 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                             "holds one, else start at step 0; metrics.jsonl is cut back to that checkpoint's step")
     start.add_argument("--fresh", action="store_true",
                        help="start over in --out: after validation passes, delete its checkpoints/, metrics.jsonl, "
-                            "summary.json, model.safetensors, manifest.json, eval.json, init_from.json, tensorboard/ "
-                            "and mlruns/ (the config's checkpoint.resume = false)")
+                            "summary.json, model.safetensors, manifest.json, eval.json, init_from.json, tensorboard/, "
+                            "mlruns/ and membership.json (the config's checkpoint.resume = false)")
     t.add_argument("--max-restarts", dest="max_restarts", type=int, metavar="N",
                    help="restart all workers after a failure (a killed or hung worker) up to N times; each restart "
                         "resumes from the newest checkpoint (the config's parallel.max_restarts; under torchrun "

@@ -189,6 +189,7 @@ class CheckpointConfig:
 class LogConfig:
     every: int = 10  # write a metrics.jsonl line every N steps
     measure_step: int = 2  # the step whose memory and bytes are instrumented (exact accounting)
+    samples: bool = False  # metrics.jsonl: the global sample positions each logged line's steps trained on (checks)
     progress: bool = True  # rank 0: a progress bar (a line per logged step off a TTY); the closing table shows anyway
     tensorboard: bool = False  # also log scalars to OUT/tensorboard (needs the extra slimpar[tensorboard])
     # a resumed run continues its MLflow run; view with: mlflow ui --backend-store-uri OUT/mlruns (docs/outputs.md)

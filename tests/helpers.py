@@ -26,7 +26,9 @@ def run_train(out: Path, *overrides: str, config: Path = TINY, timeout: int = 24
 
 
 def losses(out: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    """The logged training losses (lines of another ``kind``, such as a membership change, have none)."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if "kind" not in r]
 
 
 def summary(out: Path) -> dict:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from slimpar.data.errors import DataUnavailable
+from slimpar.data.shares import batch_share
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_FIX = (
@@ -266,13 +267,9 @@ class ImageData:
 
     def train_batch(self, step: int, rank: int, world: int, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's contiguous slice of the global batch of ``step``: float32 (b, C, H, W), int64 (b,)."""
-        if global_batch % world:
-            raise ValueError(f"global batch {global_batch} does not split evenly over {world} workers")
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is outside a world of {world}")
-        b = global_batch // world
-        first = rank * b
-        positions = torch.arange(step * global_batch + first, step * global_batch + first + b)
+        share = batch_share(step, rank, world, global_batch)  # ValueError unless 0 <= rank < world | global_batch
+        first = share.start - step * global_batch
+        positions = torch.arange(share.start, share.stop)
         idx = self._indices(positions)
         x, y = self.train_x[idx], self.train_y[idx]  # uint8 (b, C, H, W), (b,)
         if self.augment:

@@ -34,6 +34,7 @@ from slimpar.data.corpora import (
     wikipedia_articles,
 )
 from slimpar.data.errors import DataUnavailable
+from slimpar.data.shares import batch_share
 from slimpar.data.tokenizer import TextTokenizer, gpt2_tokenizer, train_bpe
 
 if TYPE_CHECKING:
@@ -67,15 +68,13 @@ class TextData:
 
     def train_batch(self, step: int, rank: int, world: int, global_batch: int, seq_len: int) -> Batch:
         """This rank's share of step ``step``'s global batch: x, y int64 (b, T), y = x shifted by one."""
-        if world < 1 or not 0 <= rank < world or global_batch % world:
-            raise ValueError(f"need 0 <= rank < world and world | global_batch; got rank={rank}, "
-                             f"world={world}, global_batch={global_batch}")
+        share = batch_share(step, rank, world, global_batch)  # ValueError unless 0 <= rank < world | global_batch
         n = len(self.train_tokens)
         if n < seq_len + 2:
             raise DataUnavailable(f"training stream: {n} tokens; seq_len {seq_len} needs {seq_len + 2}+")
         starts = step_generator(self.seed, step).integers(0, n - seq_len, size=global_batch)  # (B,)
-        b = global_batch // world
-        return _windows(self.train_tokens, starts[rank * b:(rank + 1) * b], seq_len)
+        first = step * global_batch
+        return _windows(self.train_tokens, starts[share.start - first:share.stop - first], seq_len)
 
     def val_batches(self, split: str, batch_size: int, max_batches: int, seq_len: int) -> list[Batch]:
         """Consecutive non-overlapping windows from the start of ``split`` (targets never repeat)."""

@@ -23,12 +23,13 @@ from pathlib import Path
 
 from slimpar.config import Config, from_dict, to_dict, to_toml
 from slimpar.train import failure
+from slimpar.train.elastic import MEMBERSHIP, restart_count
 from slimpar.train.init_from import INIT_FROM_RECORD, record_init_from
-from slimpar.train.worker import restart_count, worker_main
+from slimpar.train.worker import worker_main
 
 # what --fresh removes from the run folder (only these; config.toml is rewritten, tokenizer files are kept)
 FRESH_DELETES = ("checkpoints", "metrics.jsonl", "summary.json", "model.safetensors", "manifest.json", "eval.json",
-                 INIT_FROM_RECORD, "tensorboard", "mlruns")
+                 INIT_FROM_RECORD, "tensorboard", "mlruns", MEMBERSHIP)
 
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)

@@ -8,9 +8,10 @@ started with) is compared with the new one before any process starts:
   re-run stops with exit 2 and names them; ``--allow-change`` accepts them (the old config is kept as
   ``config.before_step_NNNNNN.toml``). ``train.steps`` is one of them: extending a finished run re-stretches the
   cosine schedule, so the message gives the lr after the checkpoint's step before and after the change;
-- the parallel layout (``parallel.mode``, ``parallel.workers``, ``sdp.*``, ``pipeline.stages``, ``.virtual``,
-  ``.dp``, ``.sdp_keep``) is noted, not refused: full-name checkpoints reshard (single, DDP, FSDP2, SDP at any
-  worker count or keep; pipelines at any stage count, slimpar.train.pipeline_checkpoint), and a layout the
+- the parallel layout (``parallel.mode``, ``parallel.workers``, ``sdp.*``, ``train.grad_accum``,
+  ``pipeline.stages``, ``.virtual``, ``.dp``, ``.sdp_keep``) is noted, not refused: full-name checkpoints reshard
+  (single, DDP, FSDP2, SDP at any worker count or keep; pipelines at any stage count,
+  slimpar.train.pipeline_checkpoint), and a layout the
   checkpoint cannot serve is refused by :func:`slimpar.train.checkpoint.check_layout` before this runs;
 - fields that change only logging, evaluation, checkpointing, time-outs or speed are accepted silently.
 """
@@ -26,8 +27,10 @@ from slimpar.config import Config, ConfigError, load_config, to_dict
 ACCEPTED = ("log.", "eval.", "checkpoint.", "parallel.timeout_s", "parallel.max_restarts", "parallel.backend",
             "parallel.device", "train.stop_after", "train.skip_bad_steps", "train.activation_checkpointing",
             "data.cache_dir", "data.ood", "model.init_from", "sdp.check_every", "pipeline.checksum_every")
-LAYOUT = ("parallel.mode", "parallel.workers", "sdp.", "pipeline.stages", "pipeline.virtual", "pipeline.dp",
-          "pipeline.sdp_keep")  # noted; check_layout refuses what a checkpoint cannot load
+# noted; check_layout refuses what a checkpoint cannot load. train.grad_accum follows the worker count under an
+# elastic torchrun (slimpar.train.elastic.fit_grad_accum): the same global batch, summed in other micro-batches
+LAYOUT = ("parallel.mode", "parallel.workers", "sdp.", "train.grad_accum", "pipeline.stages", "pipeline.virtual",
+          "pipeline.dp", "pipeline.sdp_keep")
 
 
 def _leaves(d: dict, prefix: str = "") -> dict:

@@ -14,6 +14,7 @@ import time
 import torch.distributed as dist
 
 from slimpar.config import Config, to_dict
+from slimpar.data.shares import batch_share
 from slimpar.parallel.comm import StepInstrument, wire_bytes_written
 from slimpar.train import memory
 from slimpar.train.build import build_data, build_model, eval_every, lr_at, total_steps
@@ -25,6 +26,7 @@ from slimpar.train.checkpoint import (
     save_checkpoint,
 )
 from slimpar.train.context import RunContext
+from slimpar.train.elastic import SampleLog, elastic_job, membership_changes, record_start, restart_count
 from slimpar.train.guard import StepGuard, check_export
 from slimpar.train.init_from import check_init_from
 from slimpar.train.metrics import (
@@ -78,11 +80,23 @@ class Trainer:
                 if ctx.is_main:
                     print(f"resuming from step {self.start}, checkpoint {path}", flush=True)
         self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
+        self.samples = SampleLog(cfg.log.samples, ctx.group)
+
+    def _record_membership(self) -> None:
+        """Rank 0: this start in ``membership.json``; on another world size than the last start's, a membership
+        change in ``metrics.jsonl`` (after the line of the step resumed from) and on the console (elastic.py)."""
+        change = record_start(self.ctx.out_dir, self.ctx.world, self.start, restart_count(), elastic_job())
+        if change is not None:
+            self.writer.write({"kind": "membership", **change})
+            print(f"membership change at step {change['step']}: {change['old_world']} -> {change['new_world']} "
+                  f"workers ({change['reason']})", flush=True)
 
     # ------------------------------------------------------------------ step
     def _batch(self, step: int, micro: int):
         cfg, ctx, s = self.cfg, self.ctx, self.strategy
         acc = cfg.train.grad_accum
+        self.samples.note(step, s.dp_rank, batch_share(step, s.dp_rank * acc + micro, s.dp_world * acc,
+                                                       cfg.train.batch_size))
         if cfg.data.kind == "text":
             x, y = self.data.train_batch(step, s.dp_rank * acc + micro, s.dp_world * acc, cfg.train.batch_size,
                                          cfg.data.seq_len)
@@ -96,6 +110,7 @@ class Trainer:
         for g, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             g["lr"] = base * scale
         self.optimizer.zero_grad(set_to_none=True)
+        self.samples.step = step
         record = saved.record if saved is not None else contextlib.nullcontext
         loss = self.strategy.train_step(step, self._batch, record)
         self.strategy.after_backward()
@@ -168,6 +183,8 @@ class Trainer:
                 print(f"note: {ctx.out_dir} already holds the checkpoint of step {self.start}: nothing to train "
                       "(slimpar train --fresh starts over)", flush=True)
             return
+        if ctx.is_main:
+            self._record_membership()
         for step in range(self.start, end):
             t0 = time.perf_counter()
             if step == measure_at:
@@ -199,6 +216,8 @@ class Trainer:
             if self.eval_every and done % self.eval_every == 0 and not last:
                 record.update(self._evaluate())
             record.update(self.strategy.step_metrics())
+            if cfg.log.samples:
+                record["samples"] = self.samples.collect()
             self.writer.write(record)
             for sink in self.sinks:
                 sink.write(record)
@@ -248,6 +267,7 @@ class Trainer:
             "skipped_steps": self.guard.skipped,
             "resumed_from_step": self.start if self.resumed_from else None,  # this invocation's start
             "resumed_from": self.resumed_from,
+            "membership": membership_changes(ctx.out_dir),  # every change of the world size (elastic.py)
             "config": to_dict(cfg),
             "git_commit": git_commit(),
             "versions": versions(),

@@ -23,6 +23,7 @@ from slimpar.data.errors import DataUnavailable
 from slimpar.sdp.holders import ReplicaMismatch
 from slimpar.train import failure
 from slimpar.train.context import RunContext, init_context
+from slimpar.train.elastic import restart_count
 from slimpar.train.guard import TrainingDiverged
 from slimpar.train.trainer import Trainer
 
@@ -98,6 +99,9 @@ def _run(cfg: Config, out_dir: str) -> None:
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as e:  # DCP's CheckpointException derives from BaseException
+        if peer_lost(e):  # a dead peer (a node gone): one paragraph; an elastic agent re-forms the job
+            print(peer_lost_message(e, ctx), file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
         if disk_full(e):
             message = (f"the disk is full (No space left on device) under {out_dir}: the step's checkpoint "
                        "was not written and its partial folder removed; free space (or lower "
@@ -114,11 +118,6 @@ def _run(cfg: Config, out_dir: str) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def restart_count() -> int:
-    """How many times the elastic agent (torchrun's or slimpar's) has restarted this job's workers."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 ATTEMPT_PREFIX = "slimpar/attempt"
@@ -179,6 +178,21 @@ def is_timeout(e: BaseException) -> bool:
     """Whether ``e`` is a collective (or store) that gave up waiting: gloo and NCCL say "timed out"/"timeout"."""
     text = str(e).lower()
     return isinstance(e, (RuntimeError, dist.DistError)) and ("timed out" in text or "timeout" in text)
+
+
+def peer_lost(e: BaseException) -> bool:
+    """Whether ``e`` is a collective whose peer's connection broke (gloo: "Connection closed by peer",
+    "Connection reset by peer"): that worker's process, or its whole node, is gone."""
+    text = str(e).lower()
+    return isinstance(e, (RuntimeError, dist.DistError)) and ("closed by peer" in text or "reset by peer" in text)
+
+
+def peer_lost_message(e: BaseException, ctx: RunContext) -> str:
+    first = str(e).strip().splitlines()[0][:300]
+    return (f"slimpar: error: rank {ctx.rank} of {ctx.world} lost a peer in {failed_operation(e)}: another worker "
+            "or its node died. Under torchrun --nnodes MIN:MAX --max-restarts K the surviving agents re-form the "
+            "job and it resumes from the newest checkpoint (docs/multinode.md, Elastic runs); otherwise resume it "
+            f"with the same command. (torch: {first})")
 
 
 def failed_operation(e: BaseException) -> str:

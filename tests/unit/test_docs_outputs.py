@@ -36,3 +36,21 @@ def test_tied_and_boundary_keys_of_a_pipeline_summary_are_documented():
     assert len(keys) == 7
     for stem in ("tied_bytes_per_step_fwd", "boundary_bytes_per_step_fwd", "compression_ratio_boundary"):
         assert stem in OUTPUTS and stem in pipeline and stem in README, stem
+
+
+def test_membership_record_and_sample_positions_are_documented(tmp_path):
+    from slimpar.train.elastic import MEMBERSHIP, record_start
+
+    record_start(tmp_path, 4, 0, 0, "job")
+    change = record_start(tmp_path, 2, 8, 1, "job")
+    kind = OUTPUTS.split("| `kind` | `\"membership\"` |", 1)[1].split("\n\n", 1)[0]  # the kind = membership table
+    for key in change:
+        assert f"`{key}`" in kind, key
+    (row,) = [ln for ln in OUTPUTS.splitlines() if ln.startswith("| `membership` |")]  # summary.json's key
+    assert all(f"`{key}`" in row for key in change)
+    (files,) = [ln for ln in OUTPUTS.splitlines() if ln.startswith(f"| `{MEMBERSHIP}` |")]
+    assert all(f"`{key}`" in files for key in ("world", "step", "restart", "job"))
+    assert "| `samples` |" in OUTPUTS and "`log.samples = true`" in OUTPUTS
+    elastic = (ROOT / "docs" / "multinode.md").read_text().split("## Elastic runs", 1)[1]
+    for words in ("--nnodes 1:2", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1", "fit_grad_accum", "test_elastic_nodes.py"):
+        assert words in elastic, words
