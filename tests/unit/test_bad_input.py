@@ -206,7 +206,7 @@ def test_out_is_a_file(tmp_path, capsys):
 # without bound, a backend the machine lacks, folders that cannot be written, counts beyond the corpus
 
 LIMIT_CASES: list[tuple[str, list[str], str | tuple[str, ...]]] = [
-    ("huge-lr", ["--train.lr", "1e30"], ("train.lr", "(0, 1000000.0]")),
+    ("huge-lr", ["--train.lr", "1e30"], ("train.lr", "(0, 1e+06]")),
     ("huge-batch", ["--train.batch_size", "1000000000000"], ("needs at least", "--train.batch_size")),
     ("huge-vocab", ["--model.vocab_size", "1000000000000"], ("needs at least", "--model.vocab_size")),
     ("huge-seq-and-batch", ["--data.seq_len", "64", "--train.batch_size", "4000000000"], "needs at least"),
