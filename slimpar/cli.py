@@ -102,7 +102,10 @@ def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
             print(f"\nslimpar: interrupted; the run folder is {out}; to resume it: {again}", file=sys.stderr,
                   flush=True)
             return 130
-        print(_failed(out, again), file=sys.stderr, flush=True)
+        from slimpar.train.launch import describe_failure
+
+        print(_failed(out, again, describe_failure(e) if isinstance(e, ChildFailedError) else ""), file=sys.stderr,
+              flush=True)
         return 1
     except ConfigError:  # one line of its own, printed by main (exit 2)
         raise
@@ -112,9 +115,9 @@ def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
     return 0
 
 
-def _failed(out: Path, again: str) -> str:
-    return (f"slimpar: training failed; the run folder is {out}; to resume it from its newest "
-            f"checkpoint: {again}")
+def _failed(out: Path, again: str, why: str = "") -> str:
+    return (f"slimpar: training failed{f' ({why})' if why else ''}; the run folder is {out}; to resume it from its "
+            f"newest checkpoint: {again}")
 
 
 def _join_torchrun(cfg: Config) -> Config:

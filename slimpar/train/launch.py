@@ -139,20 +139,21 @@ def _agent_run(cfg: Config, out_dir: Path) -> None:
 
 
 def describe_failure(e: BaseException) -> str:
-    """'rank 1 exited with code 1' (or 'was killed by SIGKILL') from the agent's ChildFailedError."""
+    """'rank 1 exited with code 1' (or 'was killed by SIGKILL') for the first worker that failed: the root cause,
+    not the others that the agent then ended with SIGTERM."""
     import signal
 
-    parts = []
-    for rank, f in sorted(getattr(e, "failures", {}).items()):
-        code = getattr(f, "exitcode", None)
-        if isinstance(code, int) and code < 0:
-            try:
-                parts.append(f"rank {rank} was killed by {signal.Signals(-code).name}")
-            except ValueError:
-                parts.append(f"rank {rank} was killed by signal {-code}")
-        else:
-            parts.append(f"rank {rank} exited with code {code}")
-    return ", ".join(parts) or "a worker failed"
+    try:
+        rank, f = e.get_first_failure()  # ChildFailedError: the failure with the earliest time stamp
+    except (AttributeError, ValueError):
+        return "a worker failed"
+    code = getattr(f, "exitcode", None)
+    if isinstance(code, int) and code < 0:
+        try:
+            return f"rank {rank} was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"rank {rank} was killed by signal {-code}"
+    return f"rank {rank} exited with code {code}"
 
 
 _AGENT_LOGGERS = ("agent.server.api", "agent.server.local_elastic_agent", "multiprocessing.api",

@@ -77,6 +77,7 @@ def test_rss_cross_check_agrees_with_the_tracker_under_the_launcher(runs):
         for r in summary(runs[name])["per_rank"]:
             tracked, rss = r["mem"]["peak_step_alloc"], r["mem"]["peak_rss_delta"]
             assert tracked > 2**20 and rss is not None, (name, r["mem"])
-            # measured: +0.3 to +0.7 MiB above the tracker on this model (allocator and bookkeeping pages)
-            assert tracked - 2**20 <= rss <= 1.25 * tracked + 2**20, (name, tracked, rss)
+            # measured on this 2-6 MiB step: RSS 0.3 to 1.8 MiB above the tracker (small heap blocks below the
+            # mmap threshold, bookkeeping pages); without the threshold it read 7.8 MiB for a 110 MiB step
+            assert abs(rss - tracked) <= 0.15 * tracked + 2 * 2**20, (name, tracked, rss)
     assert summary(runs["single"])["mem_breakdown"]["peak_rss_delta"] is None
