@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from slimpar.config import Config, from_dict, to_dict, to_toml
-from slimpar.train import failure
+from slimpar.train import failure, local_rdzv
 from slimpar.train.elastic import MEMBERSHIP, restart_count
 from slimpar.train.init_from import INIT_FROM_RECORD, record_init_from
 from slimpar.train.worker import worker_main
@@ -109,6 +109,7 @@ def _elastic(cfg: Config, out_dir: Path) -> None:
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join([_package_root(), *(p for p in paths if p != _package_root())])
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.parallel.workers)))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's sockets on the loopback
     restarts = cfg.parallel.max_restarts
     with _quiet_agent():
         for attempt in range(restarts + 1):
@@ -132,8 +133,9 @@ def _agent_run(cfg: Config, out_dir: Path) -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.parallel.workers,
-                      run_id=f"slimpar-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d", rdzv_endpoint="localhost:0",
-                      max_restarts=0, monitor_interval=0.1)
+                      run_id=f"slimpar-{uuid.uuid4().hex[:8]}", rdzv_backend=local_rdzv.register(),
+                      rdzv_endpoint=f"{local_rdzv.LOOPBACK}:0", local_addr=local_rdzv.LOOPBACK, max_restarts=0,
+                      monitor_interval=0.1)  # every socket of the job on the loopback (local_rdzv.py)
     # each worker runs ``python -m slimpar.train.worker_entry`` (why: worker_entry.py) with this slimpar
     elastic_launch(lc, sys.executable)("-m", "slimpar.train.worker_entry", json.dumps(to_dict(cfg)), str(out_dir))
 

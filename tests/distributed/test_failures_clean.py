@@ -24,6 +24,12 @@ def _clean(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
 
 
+def _listening(pids: set[int]) -> list[str]:
+    """Local addresses of the TCP sockets these processes listen on (``ss``)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if any(f"pid={p}," in line for p in pids)]
+
+
 def test_nan_guard_is_not_restarted_by_slimpars_launcher(tmp_path):
     out = tmp_path / "run"
     proc = run_train(out, *SHORT, *DIVERGE, "--parallel.mode", "ddp", "--parallel.workers", "2",
@@ -76,6 +82,7 @@ def test_full_disk_ends_clean_and_leaves_no_partial_checkpoint(tmp_path):
 
 
 def test_lost_worker_is_one_paragraph_and_names_the_rank(tmp_path):
+    """Also: a one-host job listens on the loopback only (the agent's stores and gloo)."""
     cmd = [sys.executable, "-m", "slimpar", "train", "--config", str(TINY), "--parallel.mode", "ddp",
            "--parallel.workers", "2", "--train.steps", "100000", "--data.ood", "none", "--checkpoint.every", "0",
            "--log.progress", "true", "--out", str(tmp_path / "run")]
@@ -91,6 +98,8 @@ def test_lost_worker_is_one_paragraph_and_names_the_rank(tmp_path):
         kids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "slimpar.train.worker_entry"],
                               capture_output=True, text=True).stdout.split()
         victim = max(int(k) for k in kids)
+        listening = _listening({proc.pid, *map(int, kids)})
+        assert listening and all(addr.startswith("127.0.0.1:") for addr in listening), listening  # local_rdzv.py
         os.kill(victim, signal.SIGKILL)
         _, err = proc.communicate(timeout=200)
     finally:
