@@ -15,6 +15,7 @@ from pathlib import Path
 from slimpar import __version__
 from slimpar.cli_help import config_help
 from slimpar.config import DEFAULT_CONFIG, Config, ConfigError
+from slimpar.train.failure import debugging, internal_error
 
 
 class _Default(str):
@@ -109,9 +110,12 @@ def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
         return 1
     except ConfigError:  # one line of its own, printed by main (exit 2)
         raise
-    except Exception:  # an error of slimpar itself in this process: its traceback, then where the run is
-        print(_failed(out, again), file=sys.stderr, flush=True)
-        raise
+    except Exception as e:  # an error of slimpar itself in this process: its paragraph, then where the run is
+        if debugging():
+            print(_failed(out, again), file=sys.stderr, flush=True)
+            raise
+        print(f"{internal_error(e)}\n{_failed(out, again)}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -211,6 +215,8 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     # the module docstring's first line without its reST markup: help prints it as plain text
     p = argparse.ArgumentParser(prog="slimpar", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--version", action="version", version=f"slimpar {__version__}")
+    p.add_argument("--debug", action="store_true",
+                   help="show Python tracebacks of internal errors (anywhere on the line; or SLIMPAR_DEBUG=1)")
     sub = p.add_subparsers(dest="command")
     fields = {"epilog": config_help(help_cfg, help_source), "formatter_class": argparse.RawDescriptionHelpFormatter}
     t = sub.add_parser("train", help="train a model (no arguments: the embedded default run)",
@@ -301,6 +307,9 @@ def _preflight(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv:  # anywhere on the line, for every command
+        argv = [a for a in argv if a != "--debug"]
+        os.environ["SLIMPAR_DEBUG"] = "1"
     parser = build_parser(*_help_config(argv))
     args, rest = parser.parse_known_args(argv)
     args.argv = argv
@@ -316,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before a run folder exists (a run's own Ctrl-C: _launch_and_report)
         print("\nslimpar: interrupted", file=sys.stderr, flush=True)
         return 130
+    except Exception as e:  # a bug in slimpar (or in what it calls): one paragraph unless --debug
+        if debugging():
+            raise
+        print(internal_error(e), file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 from pathlib import Path
 
 MARKER = ".slimpar-failed-for-good.json"
@@ -51,3 +52,21 @@ def clear(out_dir: str | Path) -> None:
 
 def not_retried(what: str) -> str:
     return f"slimpar: not restarted (--max-restarts): {what} would stop every restart the same way"
+
+
+def debugging() -> bool:
+    """``--debug`` or ``SLIMPAR_DEBUG=1``: internal errors show their traceback (workers inherit it)."""
+    return os.environ.get("SLIMPAR_DEBUG", "") not in ("", "0")
+
+
+def internal_error(e: BaseException, who: str = "") -> str:
+    """The one paragraph of an unexpected error: what, where (the innermost slimpar line), how to see more."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "/slimpar/" in f.filename.replace("\\", "/")]
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f" at slimpar/{f.filename.replace(chr(92), '/').split('/slimpar/', 1)[-1]}:{f.lineno}"
+    first = (str(e).strip().splitlines() or [""])[0][:400]
+    return (f"slimpar: internal error{who}: {type(e).__name__}: {first}{where}. This is not a known failure: run "
+            "the same command with --debug (or SLIMPAR_DEBUG=1) for the traceback, and report it with the run "
+            "folder")

@@ -111,7 +111,11 @@ def _run(cfg: Config, out_dir: str) -> None:
             failure.record(out_dir, "the full disk", message, 1)
             raise SystemExit(1) from None
         if not is_timeout(e):
-            raise
+            if failure.debugging() or not isinstance(e, Exception):
+                raise
+            # a bug: one paragraph per rank, the traceback with --debug
+            print(failure.internal_error(e, f" on rank {ctx.rank}"), file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
         print(timeout_message(e, cfg, ctx), file=sys.stderr, flush=True)
         wake_stopped_siblings()
         raise SystemExit(1) from None
