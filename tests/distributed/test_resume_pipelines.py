@@ -91,3 +91,32 @@ def test_a_virtual_run_resumes_on_more_stages_restarting_its_new_cuts(tmp_path: 
     states = [b["codec_state"] for b in summary(out)["pipeline_resume"]["boundaries"]]
     assert states == ["restarted", "kept", "restarted"]
     assert len(losses(out)) == 3
+
+
+@pytest.mark.slow  # 4 + 2 local processes (~100 s on 2 cores)
+def test_hybrid_replicas_shrink_from_four_workers_to_two(tmp_path: Path) -> None:
+    """What an elastic job that loses a node does to the hybrid (2 stages x 2 SDP replicas at keep 0.5): it
+    restarts on 2 workers (one replica per stage) from the newest checkpoint. Resumed with no step left, the
+    export is the checkpoint's model weight for weight, its boundary codec included, and the change is recorded."""
+    import torch
+
+    from slimpar.train.checkpoint import load_safetensors
+    from tests.helpers import summary
+
+    hybrid = [*MAPL_RVQ, "--pipeline.stages", "2", "--pipeline.dp", "sdp", "--pipeline.sdp_keep", "0.5"]
+    out = tmp_path / "run"
+    run_train(out, *hybrid, "--parallel.workers", "4", "--train.steps", "3", "--train.stop_after", "2", timeout=300)
+    saved = _checkpoint_state(out / "checkpoints" / "step_000002")
+    proc = run_train(out, *hybrid, "--parallel.workers", "2", "--train.steps", "2", "--allow-change", resume=True,
+                     timeout=300)
+    assert "resuming from step 2" in proc.stdout, proc.stdout[-3000:]
+    exported = load_safetensors(out / "model.safetensors")
+    for name, t in exported.items():
+        if name.startswith("codecs."):  # send0 / recv0: the halves of the cut after block 1
+            half, rest = name[len("codecs."):].split(".", 1)
+            key = f"model.codecs.cut1.{'send' if half == 'send0' else 'recv'}.{rest}"
+        else:
+            key = f"model.{name}"
+        assert torch.equal(t, saved[key]), name
+    s = summary(out)
+    assert [(m["step"], m["old_world"], m["new_world"]) for m in s["membership"]] == [(2, 4, 2)]
