@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "llama_tiny.toml"
+
+
+@contextlib.contextmanager
+def background_run(cmd: list[str], cwd: Path, kill_after: float = 240) -> Iterator[subprocess.Popen]:
+    """``cmd`` in a session of its own (a signal to its process group reaches every process, as a terminal's
+    Ctrl-C does), its output piped as text, SIGKILLed after ``kill_after`` seconds whatever the test does."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    guard = threading.Timer(kill_after, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    guard.start()
+    try:
+        yield proc
+    finally:
+        guard.cancel()
 
 
 def run_train(out: Path, *overrides: str, config: Path = TINY, timeout: int = 240, resume: bool = False,

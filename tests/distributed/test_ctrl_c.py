@@ -5,34 +5,24 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import background_run
 
 
 def test_ctrl_c_ends_a_ddp_run_with_one_line(tmp_path):
     cmd = [sys.executable, "-m", "slimpar", "train", "--config", "llama_tiny", "--parallel.mode", "ddp",
            "--parallel.workers", "2", "--train.steps", "100000", "--data.ood", "none", "--log.progress", "true",
            "--checkpoint.every", "0"]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
-    # a session of its own: the signal goes to its whole process group, as a terminal's Ctrl-C does
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    guard = threading.Timer(240, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    guard.start()
-    try:
+    with background_run(cmd, tmp_path) as proc:
         for line in proc.stdout:  # non-TTY progress: one line per logged step once the workers train
             if line.startswith("step "):
                 break
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        guard.cancel()
     assert proc.returncode == 130, err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1, err[-3000:]
@@ -47,12 +37,7 @@ def test_ctrl_c_during_start_up_ends_with_one_line(tmp_path, moment):
     handler is its first statement (train/worker_entry.py)."""
     cmd = [sys.executable, "-m", "slimpar", "train", "--config", "llama_tiny", "--parallel.mode", "ddp",
            "--parallel.workers", "2", "--train.steps", "100000", "--data.ood", "none", "--checkpoint.every", "0"]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    guard = threading.Timer(240, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    guard.start()
-    try:
+    with background_run(cmd, tmp_path) as proc:
         if moment == "launcher importing":
             time.sleep(0.3)
         else:
@@ -60,8 +45,6 @@ def test_ctrl_c_during_start_up_ends_with_one_line(tmp_path, moment):
             time.sleep(1.0)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        guard.cancel()
     assert proc.returncode == 130, err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("slimpar: interrupted"), err[-3000:]

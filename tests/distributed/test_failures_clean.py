@@ -8,10 +8,9 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 
 from slimpar.train.failure import MARKER
-from tests.helpers import ROOT, TINY, run_train
+from tests.helpers import ROOT, TINY, background_run, run_train
 
 SHORT = ["--eval.batches", "1", "--data.ood", "none"]
 DIVERGE = ["--train.steps", "10", "--train.warmup_steps", "1", "--train.lr", "1e6", "--train.grad_clip", "0"]
@@ -86,12 +85,7 @@ def test_lost_worker_is_one_paragraph_and_names_the_rank(tmp_path):
     cmd = [sys.executable, "-m", "slimpar", "train", "--config", str(TINY), "--parallel.mode", "ddp",
            "--parallel.workers", "2", "--train.steps", "100000", "--data.ood", "none", "--checkpoint.every", "0",
            "--log.progress", "true", "--out", str(tmp_path / "run")]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    guard = threading.Timer(240, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    guard.start()
-    try:
+    with background_run(cmd, tmp_path) as proc:
         for line in proc.stdout:
             if line.startswith("step 3/"):
                 break
@@ -102,8 +96,6 @@ def test_lost_worker_is_one_paragraph_and_names_the_rank(tmp_path):
         assert listening and all(addr.startswith("127.0.0.1:") for addr in listening), listening  # local_rdzv.py
         os.kill(victim, signal.SIGKILL)
         _, err = proc.communicate(timeout=200)
-    finally:
-        guard.cancel()
     assert proc.returncode == 1
     lines = _clean(err)
     assert any("lost a peer" in ln for ln in lines), lines

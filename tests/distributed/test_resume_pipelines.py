@@ -48,12 +48,25 @@ def _checkpoint_state(path: Path) -> dict:
     return {f"{part}.{k}": v for part, entries in nested.items() for k, v in entries.items()}
 
 
+def _assert_export_is_checkpoint(exported: dict, saved: dict) -> None:
+    """Every exported tensor equals the checkpoint's entry: a codec's halves send0 / recv0 are the cut after
+    block 1 (``model.codecs.cut1.send`` / ``.recv``), the rest are model weights under their full names."""
+    import torch
+
+    for name, t in exported.items():
+        if name.startswith("codecs."):
+            half, rest = name[len("codecs."):].split(".", 1)
+            key = f"model.codecs.cut1.{'send' if half == 'send0' else 'recv'}.{rest}"
+        else:
+            key = f"model.{name}"
+        assert torch.equal(t, saved[key]), name
+
+
 @pytest.mark.slow  # 4 + 2 local processes (~100 s on 2 cores)
 def test_four_stage_checkpoint_resumes_on_two_stages(tmp_path: Path) -> None:
     """4 stages (4 workers) stopped after step 2; resumed on 2 stages (2 workers) with ``--train.steps 2`` (no
     step, only the load, evaluation and export): the exported model is the checkpoint's, weight for weight;
     the codec of the cut after block 1 (the 2-stage run's only cut) is the checkpoint's; the run says so."""
-    import torch
 
     from slimpar.train.checkpoint import load_safetensors
     from tests.helpers import summary
@@ -68,13 +81,7 @@ def test_four_stage_checkpoint_resumes_on_two_stages(tmp_path: Path) -> None:
                  "boundary after block 0: no longer a cut", "boundary after block 2: no longer a cut"):
         assert line in proc.stdout, line
     exported = load_safetensors(out / "model.safetensors")
-    for name, t in exported.items():
-        if name.startswith("codecs."):  # send0 / recv0: the halves of the cut after block 1
-            half, rest = name[len("codecs."):].split(".", 1)
-            key = f"model.codecs.cut1.{'send' if half == 'send0' else 'recv'}.{rest}"
-        else:
-            key = f"model.{name}"
-        assert torch.equal(t, saved[key]), name
+    _assert_export_is_checkpoint(exported, saved)
     weights = {k[len("model."):] for k in saved if k.startswith("model.") and not k.startswith("model.codecs.")}
     assert {n for n in exported if not n.startswith("codecs.")} == weights
     assert summary(out)["pipeline_resume"] == {"checkpoint_stages": 4, "stages": 2, "dropped_cuts": [0, 2],
@@ -98,7 +105,6 @@ def test_hybrid_replicas_shrink_from_four_workers_to_two(tmp_path: Path) -> None
     """What an elastic job that loses a node does to the hybrid (2 stages x 2 SDP replicas at keep 0.5): it
     restarts on 2 workers (one replica per stage) from the newest checkpoint. Resumed with no step left, the
     export is the checkpoint's model weight for weight, its boundary codec included, and the change is recorded."""
-    import torch
 
     from slimpar.train.checkpoint import load_safetensors
     from tests.helpers import summary
@@ -111,12 +117,6 @@ def test_hybrid_replicas_shrink_from_four_workers_to_two(tmp_path: Path) -> None
                      timeout=300)
     assert "resuming from step 2" in proc.stdout, proc.stdout[-3000:]
     exported = load_safetensors(out / "model.safetensors")
-    for name, t in exported.items():
-        if name.startswith("codecs."):  # send0 / recv0: the halves of the cut after block 1
-            half, rest = name[len("codecs."):].split(".", 1)
-            key = f"model.codecs.cut1.{'send' if half == 'send0' else 'recv'}.{rest}"
-        else:
-            key = f"model.{name}"
-        assert torch.equal(t, saved[key]), name
+    _assert_export_is_checkpoint(exported, saved)
     s = summary(out)
     assert [(m["step"], m["old_world"], m["new_world"]) for m in s["membership"]] == [(2, 4, 2)]
