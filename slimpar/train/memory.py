@@ -13,20 +13,23 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.utils._pytree import tree_leaves
 
+from slimpar.parallel.comm import storage_key
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t  # DTensor -> this rank's shard
 
 
 def storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
-    """data_ptr -> nbytes of the unique storages behind ``tensors``."""
+    """storage key (data_ptr; a fake storage's identity, :func:`~slimpar.parallel.comm.storage_key`) -> nbytes
+    of the unique storages behind ``tensors``."""
     out: dict[int, int] = {}
     for t in tensors:
         if t is None or not isinstance(t, torch.Tensor):
             continue
         st = _local(t).untyped_storage()
         if st.nbytes():
-            out[st.data_ptr()] = st.nbytes()
+            out[storage_key(st)] = st.nbytes()
     return out
 
 
@@ -57,8 +60,9 @@ class SavedActivations:
     def _pack(self, t: torch.Tensor):
         local = _local(t)
         st = local.untyped_storage()
-        if st.data_ptr() not in self.exclude and st.nbytes():
-            self.seen[st.data_ptr()] = st.nbytes()
+        key = storage_key(st)
+        if key not in self.exclude and st.nbytes():
+            self.seen[key] = st.nbytes()
         return t
 
     @contextlib.contextmanager
