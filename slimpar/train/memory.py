@@ -50,14 +50,23 @@ def buffer_storages(module: torch.nn.Module) -> dict[int, int]:
     return storages(module.buffers())
 
 
+def _is_parameter(t: torch.Tensor) -> bool:
+    """A parameter or a view of one (``linear`` saves the transposed weight)."""
+    return isinstance(t, torch.nn.Parameter) or isinstance(getattr(t, "_base", None), torch.nn.Parameter)
+
+
 class SavedActivations:
-    """Bytes of tensors autograd saves for backward (``saved_tensors_hooks``), parameters excluded."""
+    """Bytes of tensors autograd saves for backward (``saved_tensors_hooks``), by unique storage; parameters
+    excluded, by storage (``exclude``) and by kind: FSDP2's unsharded parameters live in storages it frees
+    and reallocates per block, whose reused addresses made their count depend on the allocator."""
 
     def __init__(self, exclude: Iterable[int]):
         self.exclude = set(exclude)
         self.seen: dict[int, int] = {}
 
     def _pack(self, t: torch.Tensor):
+        if _is_parameter(t):  # also FSDP2's all-gathered parameters, whose storages are not in ``exclude``
+            return t
         local = _local(t)
         st = local.untyped_storage()
         key = storage_key(st)

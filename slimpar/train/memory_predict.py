@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -74,11 +74,15 @@ class _FakeText:
 def _fake_friendly() -> Iterator[None]:
     """Two things that read tensor data at set-up are skipped: DDP's start-up check of parameter shapes
     and its broadcast of rank 0's weights (C++ code that reads the bytes; neither leaves memory behind).
+    Device meshes are built on real tensors (their rank tables are read).
     And ``Module.to("cpu")`` leaves a module of fake CPU tensors as it is: it already is there, and torch
     would swap every fake parameter for a copy (which fails for a tied one)."""
+    import torch.distributed.fsdp._fully_shard._fully_shard as fsdp
     import torch.nn.parallel.distributed as ddp
+    from torch.distributed.device_mesh import DeviceMesh
 
     saved = (nn.Module.to, ddp._verify_param_shape_across_processes, ddp._sync_module_states)
+    meshes = (DeviceMesh.__dict__["from_group"], fsdp._init_default_mesh)
     original = saved[0]
 
     def to(self: nn.Module, *args, **kwargs) -> nn.Module:
@@ -89,10 +93,24 @@ def _fake_friendly() -> Iterator[None]:
 
     nn.Module.to = to
     ddp._verify_param_shape_across_processes = ddp._sync_module_states = lambda *a, **k: None
+    DeviceMesh.from_group = staticmethod(_real(DeviceMesh.from_group))
+    fsdp._init_default_mesh = _real(fsdp._init_default_mesh)
     try:
         yield
     finally:
         nn.Module.to, ddp._verify_param_shape_across_processes, ddp._sync_module_states = saved
+        DeviceMesh.from_group, fsdp._init_default_mesh = meshes
+
+
+def _real(fn: Callable) -> Callable:
+    """``fn`` run on real tensors: a DeviceMesh keeps its rank table, which fake tensors cannot hold."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def call(*args, **kwargs):
+        with _disable_current_modes():
+            return fn(*args, **kwargs)
+
+    return call
 
 
 def _mean_in_place(state, bucket):  # no annotation: DDP checks it against a non-string type
