@@ -74,14 +74,14 @@ class _FakeText:
 def _fake_friendly() -> Iterator[None]:
     """Two things that read tensor data at set-up are skipped: DDP's start-up check of parameter shapes
     and its broadcast of rank 0's weights (C++ code that reads the bytes; neither leaves memory behind).
-    Device meshes are built on real tensors (their rank tables are read).
+    Device meshes are built on real tensors (their rank tables are read); gathered objects are this rank's.
     And ``Module.to("cpu")`` leaves a module of fake CPU tensors as it is: it already is there, and torch
     would swap every fake parameter for a copy (which fails for a tied one)."""
     import torch.distributed.fsdp._fully_shard._fully_shard as fsdp
     import torch.nn.parallel.distributed as ddp
     from torch.distributed.device_mesh import DeviceMesh
 
-    saved = (nn.Module.to, ddp._verify_param_shape_across_processes, ddp._sync_module_states)
+    saved = (nn.Module.to, ddp._verify_param_shape_across_processes, ddp._sync_module_states, dist.all_gather_object)
     meshes = (DeviceMesh.__dict__["from_group"], fsdp._init_default_mesh)
     original = saved[0]
 
@@ -93,13 +93,20 @@ def _fake_friendly() -> Iterator[None]:
 
     nn.Module.to = to
     ddp._verify_param_shape_across_processes = ddp._sync_module_states = lambda *a, **k: None
+    dist.all_gather_object = _own_object_everywhere
     DeviceMesh.from_group = staticmethod(_real(DeviceMesh.from_group))
     fsdp._init_default_mesh = _real(fsdp._init_default_mesh)
     try:
         yield
     finally:
-        nn.Module.to, ddp._verify_param_shape_across_processes, ddp._sync_module_states = saved
+        nn.Module.to, ddp._verify_param_shape_across_processes, ddp._sync_module_states, dist.all_gather_object = saved
         DeviceMesh.from_group, fsdp._init_default_mesh = meshes
+
+
+def _own_object_everywhere(object_list: list, obj, group=None) -> None:
+    """``all_gather_object`` on the fake backend: every rank's object is taken to be this one's. Where ranks
+    agree on the groups to create (SDP's holder groups: pure functions of the plan) this is the result."""
+    object_list[:] = [obj] * len(object_list)
 
 
 def _real(fn: Callable) -> Callable:
