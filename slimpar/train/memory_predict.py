@@ -185,7 +185,7 @@ def predict_rank(cfg: Config, rank: int, world: int, vocab_size: int) -> dict:
 
 def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path) -> dict:
     """Build the trainer's pieces as ``Trainer._build`` does and run up to the measured step."""
-    from slimpar.train.build import build_model, total_steps
+    from slimpar.train.build import total_steps
     from slimpar.train.context import RunContext
     from slimpar.train.elastic import SampleLog
     from slimpar.train.strategies import build_strategy
@@ -195,7 +195,7 @@ def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path) -> 
                      timeout=timedelta(seconds=cfg.parallel.timeout_s))
     trainer = Trainer.__new__(Trainer)  # no writer, sinks or run files: only the step
     trainer.cfg, trainer.ctx, trainer.data = cfg, ctx, _FakeText(vocab_size)
-    trainer.strategy = build_strategy(cfg, build_model(cfg, trainer.data), ctx)
+    trainer.strategy = build_strategy(cfg, _model(cfg, vocab_size), ctx)
     if isinstance(trainer.strategy.module, nn.parallel.DistributedDataParallel):
         trainer.strategy.module.register_comm_hook(None, _mean_in_place)
         trainer.strategy.module.reducer = _BucketsKept(trainer.strategy.module.reducer)
@@ -210,3 +210,16 @@ def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path) -> 
         trainer.strategy.end_of_step(step)
     trainer._measured_step(measure_at)
     return trainer.measured["mem"]
+
+
+def _model(cfg: Config, vocab_size: int) -> nn.Module:
+    """The run's model as ``build_model`` makes it; with ``model.init_from`` the folder's shape only (its
+    config.json and vocabulary), no weights read."""
+    from slimpar.train.build import build_model, llama_config
+
+    if cfg.model.init_from:
+        from slimpar.models.llama import Llama
+
+        torch.manual_seed(cfg.train.seed)
+        return Llama(llama_config(cfg))
+    return build_model(cfg, _FakeText(vocab_size))
