@@ -40,7 +40,7 @@ def describe(cfg: Config) -> str:
 def memory_command(args: argparse.Namespace, rest: list[str]) -> int:
     from slimpar.train.memory_predict import predict_memory
 
-    cfg = load_run_config(args.config or str(DEFAULT_CONFIG), rest, training=True)
+    cfg = load_run_config(args.config or str(DEFAULT_CONFIG), rest, training=False)  # no machine-size check
     t0 = time.perf_counter()
     rows = predict_memory(cfg, parse_ranks(args.ranks, cfg.parallel.workers))
     if args.json:
