@@ -283,7 +283,7 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                     help="with --memory: only these workers (default: all)")
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
-    b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock"])
+    b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock", "memory"])
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
     b.add_argument("--out", required=True, help="folder for results.json, report.md and plots")
     b.add_argument("--steps", type=int, default=None,
