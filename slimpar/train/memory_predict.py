@@ -66,8 +66,8 @@ class _FakeText:
 
     def train_batch(self, step: int, rank: int, world: int, global_batch: int, seq_len: int):
         b = len(batch_share(step, rank, world, global_batch))
-        x = torch.zeros((b, seq_len), dtype=torch.long)  # (b, T)
-        return x, x.clone()
+        win = torch.zeros((b, seq_len + 1), dtype=torch.long)  # (b, T + 1), cut as TextData cuts it:
+        return win[:, :-1].contiguous(), win[:, 1:].contiguous()  # one sequence: both views of one storage
 
 
 @contextlib.contextmanager
