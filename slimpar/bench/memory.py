@@ -40,11 +40,15 @@ PAPER: dict[tuple[str, str], str] = {
 }
 
 
-def row_config(size: str, mode: str) -> Config:
+# the paper's absolute 1B figures, in bytes: the scaling rows say what workload would give them
+PAPER_BYTES = {"DDP": 70.9e9, "FSDP2 + AC": 11.0e9, "B-SDP C=0.5 + FSDP2 + AC": 9.7e9}
+
+
+def row_config(size: str, mode: str, per_worker: int = PER_WORKER_BATCH) -> Config:
     from slimpar.train.validate import load_run_config
 
     root = Path(__file__).resolve().parents[1]
-    overrides = ["--model.size", size, *WORKLOAD, *MODES[mode]]
+    overrides = ["--model.size", size, *WORKLOAD, *MODES[mode], "--train.batch_size", str(WORKERS * per_worker)]
     return load_run_config(root / "configs" / "llama_tiny.toml", overrides, training=False)
 
 
@@ -59,10 +63,10 @@ def representative_ranks(cfg: Config) -> list[int]:
     return sorted({k: r for r, k in reversed(list(enumerate(keeps)))}.values())
 
 
-def predict_row(size: str, mode: str) -> dict:
+def predict_row(size: str, mode: str, per_worker: int = PER_WORKER_BATCH) -> dict:
     from slimpar.train.memory_predict import predict_memory
 
-    cfg = row_config(size, mode)
+    cfg = row_config(size, mode, per_worker)
     t0 = time.perf_counter()
     ranks = predict_memory(cfg, representative_ranks(cfg))
     top = max(ranks, key=lambda r: r["peak_live"])
@@ -79,14 +83,30 @@ def bench_memory(out: Path, sizes: tuple[str, ...] = SIZES, modes: tuple[str, ..
             rows.append(predict_row(size, mode))
             print(f"{size} {mode}: {rows[-1]['worst']['peak_live'] / 1e9:.2f} GB ({rows[-1]['seconds']:.0f} s)",
                   flush=True)
+    scaling = [scaling_row(mode, next(r for r in rows if r["size"] == "1b" and r["mode"] == mode))
+               for mode in PAPER_BYTES if "1b" in sizes and mode in modes]
     data = {"commit": git_commit(), "date": datetime.date.today().isoformat(), "versions": versions(),
             "workload": {"workers": WORKERS, "per_worker_batch": PER_WORKER_BATCH, "seq_len": SEQ, "vocab": VOCAB,
                          "dtype": "fp32 parameters, gradients, AdamW states and activations (no autocast)",
                          "overrides": WORKLOAD},
-            "rows": rows}
+            "rows": rows, "scaling_1b": scaling}
     (out / "results.json").write_text(json.dumps(data, indent=2))
     (out / "report.md").write_text(report(data))
     return data
+
+
+def scaling_row(mode: str, row: dict) -> dict:
+    """The 1B row again at twice the tokens per worker: bytes of peak per token (everything that grows
+    with the batch: activations, logits and their gradient), and the tokens per worker at which this
+    slope reaches the paper's figure."""
+    twice = predict_row("1b", mode, 2 * PER_WORKER_BATCH)
+    tokens = PER_WORKER_BATCH * SEQ
+    base, more = row["worst"]["peak_live"], twice["worst"]["peak_live"]
+    per_token = (more - base) / tokens
+    fixed = base - per_token * tokens
+    return {"mode": mode, "tokens": tokens, "peak": base, "peak_at_2x": more, "bytes_per_token": per_token,
+            "fixed_bytes": fixed, "paper_bytes": PAPER_BYTES[mode],
+            "tokens_for_paper": (PAPER_BYTES[mode] - fixed) / per_token}
 
 
 def _gb(n: float) -> str:
@@ -108,4 +128,12 @@ def report(data: dict) -> str:
         paper = PAPER.get((r["size"], r["mode"]), "")
         lines.append(f"| {r['size']} | {r['mode']} | {_gb(m['params'])} | {_gb(m['grads'])} | {_gb(m['optimizer'])} | "
                      f"{_gb(m['activations'])} | {_gb(m['peak_live'])} | {change} | {paper} |")
+    if data.get("scaling_1b"):
+        lines += ["", "1B at twice the tokens per worker: peak = fixed + bytes per token x tokens per worker.", "",
+                  "| mode | fixed (GB) | MB per token | peak at 2x tokens (GB) | paper (GB) | "
+                  "tokens per worker for the paper's figure |", "|---|---|---|---|---|---|"]
+        for s in data["scaling_1b"]:
+            lines.append(f"| {s['mode']} | {_gb(s['fixed_bytes'])} | {s['bytes_per_token'] / 1e6:.2f} | "
+                         f"{_gb(s['peak_at_2x'])} | "
+                         f"{_gb(s['paper_bytes'])} | {s['tokens_for_paper']:,.0f} |")
     return "\n".join(lines) + "\n"
