@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 
 from slimpar.config import DEFAULT_CONFIG, Config
 from slimpar.train.validate import load_run_config
@@ -27,6 +28,21 @@ def parse_ranks(text: str | None, world: int) -> list[int] | None:
     return ranks
 
 
+def _take_init_from(rest: list[str]) -> tuple[list[str], str]:
+    """``rest`` without ``--model.init_from DIR`` (or ``=DIR``), and DIR ("" when absent)."""
+    out, folder, i = [], "", 0
+    while i < len(rest):
+        if rest[i] == "--model.init_from" and i + 1 < len(rest):
+            folder, i = rest[i + 1], i + 2
+            continue
+        if rest[i].startswith("--model.init_from="):
+            folder = rest[i].split("=", 1)[1]
+        else:
+            out.append(rest[i])
+        i += 1
+    return out, folder
+
+
 def describe(cfg: Config) -> str:
     """The workload a prediction assumes, in one line."""
     t, p = cfg.train, cfg.parallel
@@ -40,7 +56,14 @@ def describe(cfg: Config) -> str:
 def memory_command(args: argparse.Namespace, rest: list[str]) -> int:
     from slimpar.train.memory_predict import predict_memory
 
+    rest, init_from = _take_init_from(rest)  # the folder needs only its config.json here
+    if init_from and not any(a.startswith("--model.max_seq_len") for a in rest):
+        from slimpar.models.hf_llama import read_hf_config
+
+        rest = [*rest, "--model.max_seq_len", str(read_hf_config(init_from, weights=False).max_seq_len)]
     cfg = load_run_config(args.config or str(DEFAULT_CONFIG), rest, training=False)  # no machine-size check
+    if init_from:
+        cfg = replace(cfg, model=replace(cfg.model, init_from=init_from))
     t0 = time.perf_counter()
     rows = predict_memory(cfg, parse_ranks(args.ranks, cfg.parallel.workers))
     if args.json:

@@ -215,11 +215,12 @@ def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path) -> 
 def _model(cfg: Config, vocab_size: int) -> nn.Module:
     """The run's model as ``build_model`` makes it; with ``model.init_from`` the folder's shape only (its
     config.json and vocabulary), no weights read."""
-    from slimpar.train.build import build_model, llama_config
+    from slimpar.train.build import build_model
 
     if cfg.model.init_from:
+        from slimpar.models.hf_llama import read_hf_config
         from slimpar.models.llama import Llama
 
         torch.manual_seed(cfg.train.seed)
-        return Llama(llama_config(cfg))
+        return Llama(read_hf_config(cfg.model.init_from, weights=False))
     return build_model(cfg, _FakeText(vocab_size))

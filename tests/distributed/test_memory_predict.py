@@ -64,3 +64,21 @@ def test_prediction_equals_measurement(tmp_path, mode):
 @pytest.mark.parametrize("mode", list(SLOW_MODES))
 def test_prediction_equals_measurement_more_modes(tmp_path, mode):
     _compare(tmp_path, SLOW_MODES[mode])
+
+
+def test_hf_folder_needs_only_its_config(tmp_path):
+    """``--model.init_from`` with a config.json and no weights: the folder's shape, every parameter counted."""
+    import torch
+
+    from slimpar.models.hf_llama import read_hf_config
+    from slimpar.models.llama import Llama
+
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 96, "intermediate_size": 256,
+          "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 600,
+          "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with torch.device("meta"):
+        n = sum(p.numel() for p in Llama(read_hf_config(tmp_path, weights=False)).parameters())
+    (rank,) = predict("--model.init_from", str(tmp_path), "--parallel.mode", "ddp", "--parallel.workers", "2",
+                      "--ranks", "1")
+    assert rank["params"] == rank["grads"] == 4 * n and rank["optimizer"] == 8 * n
