@@ -181,6 +181,10 @@ def _sample(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _plan(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.memory:
+        from slimpar.train.memory_command import memory_command
+
+        return memory_command(args, rest)
     from slimpar.train.plan_command import plan_command
 
     return plan_command(args, rest)
@@ -271,9 +275,15 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     pl = sub.add_parser("plan", help="print an SDP mask plan and its report", **fields)
     pl.add_argument("--config", help="TOML file or packaged config name (default: the embedded default)")
     pl.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    pl.add_argument("--memory", action="store_true",
+                    help="predict each worker's peak memory (parameters, gradients, optimizer state, activations) "
+                         "of the run the config describes, in any parallel.mode and at any model size, "
+                         "without allocating it (docs/memory.md)")
+    pl.add_argument("--ranks", default=None, metavar="R,R",
+                    help="with --memory: only these workers (default: all)")
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
-    b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock"])
+    b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock", "memory"])
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
     b.add_argument("--out", required=True, help="folder for results.json, report.md and plots")
     b.add_argument("--steps", type=int, default=None,

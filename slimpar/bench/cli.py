@@ -1,4 +1,5 @@
-"""``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR`` and ``slimpar bench plans --out DIR``."""
+"""``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR``, ``slimpar bench plans --out DIR`` and
+``slimpar bench memory --out DIR`` (the paper's memory table, predicted)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
         from slimpar.bench.wallclock import bench_wallclock
 
         data = bench_wallclock(out, args.quick, _names(args.rows))
+    elif args.which == "memory":
+        from slimpar.bench.memory import bench_memory
+
+        data = bench_memory(out)
     elif args.which == "plans":
         from slimpar.bench.plan_sim import bench_plans
 

@@ -115,10 +115,11 @@ def save_hf(state: dict[str, torch.Tensor], cfg: LlamaConfig, out_dir: Path) -> 
     return [out_dir / "config.json", out_dir / "model.safetensors"]
 
 
-def read_hf_config(folder: str | Path) -> LlamaConfig:
-    """The LlamaConfig of a HF-format LLaMA folder (``config.json`` + one ``model.safetensors``)."""
+def read_hf_config(folder: str | Path, weights: bool = True) -> LlamaConfig:
+    """The LlamaConfig of a HF-format LLaMA folder (``config.json`` + one ``model.safetensors``; with
+    ``weights=False`` the config alone, for shapes)."""
     folder = Path(folder)
-    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+    if not (folder / "config.json").is_file() or (weights and not (folder / "model.safetensors").is_file()):
         raise HFFormatError(f"{folder} needs config.json and model.safetensors (sharded checkpoints are not "
                             "supported; re-save with save_pretrained(..., max_shard_size='100GB'))")
     try:

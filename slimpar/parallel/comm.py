@@ -122,11 +122,19 @@ def _group(args):
     return None
 
 
+def storage_key(st: torch.UntypedStorage) -> int:
+    """A live storage's identity: its data_ptr, or for a fake tensor's storage (FakeTensorMode, where every
+    data_ptr is 0) the address of its StorageImpl, which is as unique among live storages."""
+    if st.device.type == "meta":
+        return st._cdata
+    return st.data_ptr()
+
+
 def _storage_key(t: torch.Tensor) -> int | None:
-    """data_ptr of the storage, or None for storages Python cannot address (e.g. ones FSDP2 resized
-    to zero bytes between all-gathers)."""
+    """:func:`storage_key` of a tensor's storage, or None for storages Python cannot address (e.g. ones
+    FSDP2 resized to zero bytes between all-gathers)."""
     try:
-        return t.untyped_storage().data_ptr()
+        return storage_key(t.untyped_storage())
     except RuntimeError:
         return None
 

@@ -13,20 +13,23 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.utils._pytree import tree_leaves
 
+from slimpar.parallel.comm import storage_key
+
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t  # DTensor -> this rank's shard
 
 
 def storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
-    """data_ptr -> nbytes of the unique storages behind ``tensors``."""
+    """storage key (data_ptr; a fake storage's identity, :func:`~slimpar.parallel.comm.storage_key`) -> nbytes
+    of the unique storages behind ``tensors``."""
     out: dict[int, int] = {}
     for t in tensors:
         if t is None or not isinstance(t, torch.Tensor):
             continue
         st = _local(t).untyped_storage()
         if st.nbytes():
-            out[st.data_ptr()] = st.nbytes()
+            out[storage_key(st)] = st.nbytes()
     return out
 
 
@@ -47,18 +50,28 @@ def buffer_storages(module: torch.nn.Module) -> dict[int, int]:
     return storages(module.buffers())
 
 
+def _is_parameter(t: torch.Tensor) -> bool:
+    """A parameter or a view of one (``linear`` saves the transposed weight)."""
+    return isinstance(t, torch.nn.Parameter) or isinstance(getattr(t, "_base", None), torch.nn.Parameter)
+
+
 class SavedActivations:
-    """Bytes of tensors autograd saves for backward (``saved_tensors_hooks``), parameters excluded."""
+    """Bytes of tensors autograd saves for backward (``saved_tensors_hooks``), by unique storage; parameters
+    excluded, by storage (``exclude``) and by kind: FSDP2's unsharded parameters live in storages it frees
+    and reallocates per block, whose reused addresses made their count depend on the allocator."""
 
     def __init__(self, exclude: Iterable[int]):
         self.exclude = set(exclude)
         self.seen: dict[int, int] = {}
 
     def _pack(self, t: torch.Tensor):
+        if _is_parameter(t):  # also FSDP2's all-gathered parameters, whose storages are not in ``exclude``
+            return t
         local = _local(t)
         st = local.untyped_storage()
-        if st.data_ptr() not in self.exclude and st.nbytes():
-            self.seen[st.data_ptr()] = st.nbytes()
+        key = storage_key(st)
+        if key not in self.exclude and st.nbytes():
+            self.seen[key] = st.nbytes()
         return t
 
     @contextlib.contextmanager
