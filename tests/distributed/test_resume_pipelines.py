@@ -88,6 +88,7 @@ def test_four_stage_checkpoint_resumes_on_two_stages(tmp_path: Path) -> None:
                                                "boundaries": [{"after_block": 1, "codec_state": "kept"}]}
 
 
+@pytest.mark.slow  # ~50 s; tests/unit/test_pipeline_reshard.py checks the same 2 -> 4 load in-process
 def test_a_virtual_run_resumes_on_more_stages_restarting_its_new_cuts(tmp_path: Path) -> None:
     """The trainer's path in one process: 2 virtual stages stopped after step 2, resumed on 4 (the new cuts get a
     PCA start and fresh codebooks before step 3, the kept cut keeps its codec); the run and summary.json say which."""
