@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from slimpar import __version__
@@ -320,13 +322,15 @@ def main(argv: list[str] | None = None) -> int:
     if "--debug" in argv:  # anywhere on the line, for every command
         argv = [a for a in argv if a != "--debug"]
         os.environ["SLIMPAR_DEBUG"] = "1"
-    parser = build_parser(*_help_config(argv))
-    args, rest = parser.parse_known_args(argv)
-    args.argv = argv
-    if args.command is None:
-        parser.print_help()
-        return 0
     try:
+        if threading.current_thread() is threading.main_thread():  # after __main__.py's start-up handler
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        parser = build_parser(*_help_config(argv))
+        args, rest = parser.parse_known_args(argv)
+        args.argv = argv
+        if args.command is None:
+            parser.print_help()
+            return 0
         _preflight(args)
         return args.func(args, rest)
     except ConfigError as e:

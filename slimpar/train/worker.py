@@ -103,8 +103,8 @@ def _run(cfg: Config, out_dir: str) -> None:
             print(peer_lost_message(e, ctx), file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         if disk_full(e):
-            message = (f"the disk is full (No space left on device) under {out_dir}: the step's checkpoint "
-                       "was not written and its partial folder removed; free space (or lower "
+            message = (f"the disk is full (No space left on device, or a short write) under {out_dir}: the step's "
+                       "checkpoint was not written and its partial folder removed; free space (or lower "
                        "--checkpoint.keep_last), then resume with the same command")
             if ctx.is_main:
                 print(f"slimpar: error: {message}", file=sys.stderr, flush=True)
@@ -174,8 +174,11 @@ def disk_full(e: BaseException) -> bool:
         if isinstance(x, OSError) and x.errno == errno.ENOSPC:
             return True
         wrapped = getattr(x, "failures", {}).values()  # DCP: rank -> (exception, stack summary)
-        todo += [x.__cause__, x.__context__, *(w[0] if isinstance(w, tuple) else w for w in wrapped)]
-    return any("No space left on device" in str(x) for x in seen)
+        todo += [x.__cause__, x.__context__,
+                 *(w[0] if isinstance(w, tuple) else getattr(w, "exc", w) for w in wrapped)]
+    # torch.save's zip writer reports a short write as "unexpected pos", without the OSError behind it
+    return any("No space left on device" in str(x) or ("unexpected pos" in str(x) and "inline_container" in str(x))
+               for x in seen)
 
 
 def is_timeout(e: BaseException) -> bool:

@@ -71,7 +71,7 @@ def test_full_disk_ends_clean_and_leaves_no_partial_checkpoint(tmp_path):
                          "--parallel.workers", "2", "--parallel.max_restarts", "1", check=False, timeout=300)
         assert proc.returncode == 1
         lines = _clean(proc.stderr)
-        assert lines[0].startswith("slimpar: error: the disk is full (No space left on device)"), lines
+        assert lines[0].startswith("slimpar: error: the disk is full (No space left on device"), lines
         assert lines[1] == ("slimpar: not restarted (--max-restarts): the full disk would stop every restart the "
                             "same way")
         assert lines[2].startswith("slimpar: training failed"), lines
