@@ -25,6 +25,7 @@ from slimpar.config import Config, from_dict, to_dict, to_toml
 from slimpar.train import failure, local_rdzv
 from slimpar.train.elastic import MEMBERSHIP, restart_count
 from slimpar.train.init_from import INIT_FROM_RECORD, record_init_from
+from slimpar.train.validate_limits import runs_in_process
 from slimpar.train.worker import worker_main
 
 # what --fresh removes from the run folder (only these; config.toml is rewritten, tokenizer files are kept)
@@ -88,8 +89,7 @@ def launch(cfg: Config, out_dir: Path) -> None:
         worker_main(to_dict(cfg), str(out_dir))
         return
     prepare_out_dir(cfg, out_dir)
-    if cfg.parallel.mode == "single" or (cfg.parallel.mode == "pipeline" and cfg.pipeline.virtual) or (
-            cfg.parallel.mode == "sdp" and cfg.sdp.virtual):
+    if runs_in_process(cfg):
         worker_main(to_dict(cfg), str(out_dir))
         return
     _elastic(cfg, out_dir)

@@ -120,10 +120,14 @@ def _local_workers(cfg: Config) -> int:
     """Processes that share this machine: torchrun's LOCAL_WORLD_SIZE, one for in-process runs, else all."""
     if "LOCAL_WORLD_SIZE" in os.environ:
         return int(os.environ["LOCAL_WORLD_SIZE"])
+    return 1 if runs_in_process(cfg) else cfg.parallel.workers
+
+
+def runs_in_process(cfg: Config) -> bool:
+    """Whether slimpar's launcher runs every worker in its own process: single, virtual pipelines, virtual SDP."""
     p = cfg.parallel
-    in_process = p.mode == "single" or (p.mode == "pipeline" and cfg.pipeline.virtual) or (
+    return p.mode == "single" or (p.mode == "pipeline" and cfg.pipeline.virtual) or (
         p.mode == "sdp" and cfg.sdp.virtual)
-    return 1 if in_process else p.workers
 
 
 def _machine_bytes(cfg: Config) -> int | None:
