@@ -298,6 +298,12 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                    help="rows run at once (default 1: CPU timings need it; quality: 2, one thread each)")
     b.add_argument("--report-only", action="store_true",
                    help="quality only: write the report from the finished runs in OUT, train nothing")
+    b.add_argument("--timing-rounds", type=int, default=None,
+                   help="sdp/mapl: short reruns of every row, interleaved, for step-time ratios as median [range] "
+                        "(default 2; 0 with --quick)")
+    b.add_argument("--no-links", dest="links", action="store_false",
+                   help="sdp/mapl: skip the runs over throttled links (slimpar bench wallclock measures links)")
+    b.add_argument("--seeds", default="0,1", help="sdp: seeds of the main rows (DDP, B-SDP 0.5, N-SDP 0.5)")
     b.set_defaults(func=_bench)
     return p
 

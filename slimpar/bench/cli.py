@@ -52,13 +52,36 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
     elif args.which == "sdp":
         from slimpar.bench.sdp import bench_sdp
 
-        data = bench_sdp(out, args.quick, steps, _names(args.rows), jobs=args.jobs)
+        data = bench_sdp(out, args.quick, steps, _names(args.rows), jobs=args.jobs, rounds=_rounds(args),
+                         links=args.links, seeds=_seeds(args.seeds))
     else:
         from slimpar.bench.mapl import bench_mapl
 
-        data = bench_mapl(out, args.quick, steps, _names(args.rows), device=args.device, jobs=args.jobs)
+        data = bench_mapl(out, args.quick, steps, _names(args.rows), device=args.device, jobs=args.jobs,
+                          rounds=_rounds(args), links=args.links)
     print((out / "report.md").read_text())
     return 0 if data else 1
+
+
+def _rounds(args: argparse.Namespace) -> int:
+    from slimpar.config import ConfigError
+
+    rounds = args.timing_rounds if args.timing_rounds is not None else (0 if args.quick else 2)
+    if rounds < 0:
+        raise ConfigError(f"--timing-rounds must be >= 0, got {rounds}")
+    return rounds
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    from slimpar.config import ConfigError
+
+    try:
+        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise ConfigError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if not seeds:
+        raise ConfigError("--seeds needs at least one seed")
+    return seeds
 
 
 def _names(rows: str) -> set[str] | None:

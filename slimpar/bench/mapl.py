@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slimpar.bench.report import fmt, markdown_table, metadata, write_json
+from slimpar.bench.report import commits_note, fmt, markdown_table, metadata, run_commits, write_json
 from slimpar.bench.runner import Row, run_rows, select_rows
+from slimpar.bench.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
 
 PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "4",
         "--model.tie_embeddings", "false"]
@@ -110,20 +111,23 @@ def line(result: dict, none: dict | None) -> dict:
 
 def report_markdown(lines: list[dict], meta: dict) -> str:
     headers = ["row", "val loss", "gap vs none", "fwd bytes/step", "× none", "bwd bytes/step", "× none",
-               "ratio fwd / bwd", "max ‖AᵀA−I‖", "SPEL share", "step time (s)"]
+               "ratio fwd / bwd", "max ‖AᵀA−I‖", "SPEL share", "step time (s)", "× none, median [range] over rounds"]
     body = [[ln["row"], fmt(ln["val_loss"], 4), fmt(ln.get("val_loss_gap"), pct=True),
              fmt(ln["fwd_bytes"], 0), fmt(ln.get("fwd_bytes_vs_none"), 3), fmt(ln["bwd_bytes"], 0),
              fmt(ln.get("bwd_bytes_vs_none"), 3),
              f"{fmt(ln['compression_ratio_fwd'], 1)} / {fmt(ln['compression_ratio_bwd'], 1)}",
              fmt(ln["max_orth_error"], 8) if ln["max_orth_error"] is not None else "–",
-             fmt(ln["spel_time_share"], pct=False, digits=3), fmt(ln["step_time_s"], 3)] for ln in lines]
+             fmt(ln["spel_time_share"], pct=False, digits=3), fmt(ln["step_time_s"], 3),
+             ratio_cell(ln.get("step_time"))] for ln in lines]
     head = (f"# slimpar bench mapl\n\nMeasured {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
             f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. {_layout(meta)}; "
             "every row trains on the same tokens for the same steps (token-matched). Bytes are summed over the 3 "
             "boundaries and counted at the send, per step, everything included (payload, token ids, codebook "
             "rows, projector/anchor gradient sums and checksums).\n\n")
     cmds = "\n".join(f"- {ln['row']}: `{ln['command']}`" for ln in lines)
-    return head + markdown_table(headers, body) + "\n\nCommands:\n\n" + cmds + "\n"
+    timing = "\n\n" + timing_note(meta["timing"], meta["timing_rounds"]) if meta.get("timing") else ""
+    return (head + commits_note(meta) + markdown_table(headers, body) + timing + "\n\nCommands:\n\n" + cmds
+            + "\n")
 
 
 def _layout(meta: dict) -> str:
@@ -133,21 +137,30 @@ def _layout(meta: dict) -> str:
 
 
 def bench_mapl(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None, device: str = "cpu",
-               jobs: int = 1) -> dict:
+               jobs: int = 1, rounds: int = 2, links: bool = True) -> dict:
+    """The rows, then ``rounds`` interleaved timing rounds (bench/timing.py; CPU only), then `none` and
+    MAPL 4x over throttled links unless ``links`` is False."""
     from slimpar.bench.plots import pareto_plot
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
     todo = select_rows(rows(quick, steps, device), only)
     out.mkdir(parents=True, exist_ok=True)
     results = run_rows(todo, out, jobs)
+    rounds = rounds if device == "cpu" else 0  # GPU rows run concurrently: their times are not compared
+    timings = timing_rounds(todo, rounds, out)
+    ratios = step_time_ratios(results, timings, "none")
     none = next((line(r, None) for r in results if r["row"] == "none"), None)
     lines = [line(r, none) for r in results]
-    meta = metadata({"quick": quick, "steps": None if quick else steps, "device": device, "gpu": _gpu(device)})
-    linked = [r for r in todo if r.name in ("none", "MAPL 4x")] if device == "cpu" else []
+    for ln in lines:
+        ln["step_time"] = ratios.get((ln["group"], ln["row"]))
+    meta = metadata({"quick": quick, "steps": None if quick else steps, "device": device, "gpu": _gpu(device),
+                     "timing_rounds": rounds, "run_commits": run_commits(results + timings)})
+    meta["timing"] = {f"{g}/{n}": v for (g, n), v in ratios.items()} if rounds else None
+    linked = [r for r in todo if r.name in ("none", "MAPL 4x")] if device == "cpu" and links else []
     base = {r["row"]: r["summary"] for r in results}
     throttled = (run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base, prefix="splm")
                  if linked else [])
-    data = {"meta": meta, "lines": lines, "throttled": throttled, "runs": results}
+    data = {"meta": meta, "lines": lines, "throttled": throttled, "runs": results, "timing_runs": timings}
     write_json(out / "results.json", data)
     links = throttled_markdown(throttled, "none") if linked else ""
     (out / "report.md").write_text(report_markdown(lines, meta) + links)

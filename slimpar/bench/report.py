@@ -43,3 +43,23 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
 
 def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
+
+
+def run_commits(runs: list[dict]) -> list[str]:
+    """The commits the runs' own summaries name, oldest first in run order (one when all ran on one)."""
+    seen: dict[str, None] = {}
+    for r in runs:
+        commit = (r.get("summary") or {}).get("git_commit")
+        if commit:
+            seen.setdefault(commit, None)
+    return list(seen)
+
+
+def commits_note(meta: dict) -> str:
+    """A sentence for a report whose rows ran on more than one commit ('' when they ran on one)."""
+    commits = meta.get("run_commits") or []
+    if len(commits) <= 1:
+        return ""
+    names = ", ".join(f"`{c[:7]}`" for c in commits)
+    return (f"**Mixed commits:** the rows ran on {len(commits)} commits ({names}); the header names the commit "
+            "the report was written at. Each run's commit is in results.json (`runs[i].summary.git_commit`).\n\n")

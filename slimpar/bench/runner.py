@@ -26,10 +26,12 @@ class Row:
     group: str = ""  # rows compared against the same baseline share a group (e.g. "llama", "resnet")
     seed: int = 0
     tags: dict = field(default_factory=dict)
+    timing_round: int = 0  # > 0: a short rerun that only times steps (bench/timing.py)
 
     @property
     def key(self) -> str:
-        return f"{self.group}-{self.name}-s{self.seed}".replace(" ", "_").replace("/", "_").replace("+", "_")
+        key = f"{self.group}-{self.name}-s{self.seed}" + (f"-t{self.timing_round}" if self.timing_round else "")
+        return key.replace(" ", "_").replace("/", "_").replace("+", "_")
 
 
 def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
@@ -41,6 +43,7 @@ def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
         cmd = [sys.executable, "-m", "slimpar", "train", "--config", config, "--out", str(out),
                "--log.progress", "false", "--train.seed", str(row.seed), *row.overrides]
         resumed = (out / "checkpoints").exists()  # an interrupted run resumes; its time is partial
+        load_before = os.getloadavg()[0]  # how busy the machine was at the start
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=dict(os.environ, PYTHONWARNINGS="ignore"))
@@ -50,12 +53,15 @@ def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
             raise RuntimeError(f"benchmark row {row.key} failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
         name = "resumed_wall_seconds.txt" if resumed else "wall_seconds.txt"
         (out / name).write_text(f"{time.perf_counter() - t0:.1f}\n")
+        (out / "load_1m.txt").write_text(f"{load_before:.2f}\n")
     summary = json.loads(summary_path.read_text())
     wall = out / "wall_seconds.txt"  # absent for a reused run timed by nothing, or a resumed one
+    load = out / "load_1m.txt"
     curve = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {"row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags, "command": _command(row),
             "summary": {k: v for k, v in summary.items() if k != "config"}, "curve": curve,
-            "wall_s": float(wall.read_text()) if wall.exists() else None}
+            "wall_s": float(wall.read_text()) if wall.exists() else None,
+            "load_1m": float(load.read_text()) if load.exists() else None, "timing_round": row.timing_round}
 
 
 def _command(row: Row) -> str:

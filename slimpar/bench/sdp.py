@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slimpar.bench.report import fmt, markdown_table, mean_spread, metadata, write_json
+from slimpar.bench.report import commits_note, fmt, markdown_table, mean_spread, metadata, run_commits, write_json
 from slimpar.bench.runner import Row, run_rows, select_rows
+from slimpar.bench.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
 
 LLAMA, RESNET, TINY = "configs/llama_small.toml", "configs/resnet18_fmnist.toml", "configs/llama_tiny.toml"
 SDP = ["--parallel.mode", "sdp"]
@@ -129,7 +130,8 @@ def mib(b) -> str:
 def report_markdown(lines: list[dict], meta: dict) -> str:
     headers = ["group", "row", "steps", "val loss (± over seeds)", "bits/byte or acc", "peak mem / worker (MiB)",
                "× DDP", "bytes into collectives / step / worker, mean (MiB)", "× DDP", "max sent / worker (MiB)",
-               "× DDP", "max received / worker (MiB)", "× DDP", "plan floor (MiB)", "step time (s)", "× DDP", "ρ"]
+               "× DDP", "max received / worker (MiB)", "× DDP", "plan floor (MiB)", "step time (s)",
+               "× DDP, median [range] over rounds", "ρ"]
     rows = []
     for ln in lines:
         val = fmt(ln["val_loss"], 4) + (f" ± {ln['val_loss_spread']:.4f}" if ln["val_loss_spread"] else "")
@@ -139,30 +141,46 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
                      fmt(ln.get("comm_bytes_per_step_vs_ddp"), 2), mib(ln.get("comm_bytes_sent_per_step_max")),
                      fmt(ln.get("comm_bytes_sent_per_step_max_vs_ddp"), 2), mib(ln.get("comm_bytes_recv_per_step_max")),
                      fmt(ln.get("comm_bytes_recv_per_step_max_vs_ddp"), 2), mib(ln["plan_floor_bytes"]),
-                     fmt(ln["step_time_s"], 3), fmt(ln.get("step_time_s_vs_ddp"), 2), fmt(ln["spectral_gap"], 3)])
+                     fmt(ln["step_time_s"], 3), ratio_cell(ln.get("step_time")), fmt(ln["spectral_gap"], 3)])
     head = (f"# slimpar bench sdp\n\nMeasured {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
             f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. Every row is a `slimpar train` run with "
             "4 local gloo workers on this machine, measured side by side in one benchmark run.\n\n")
-    return head + markdown_table(headers, rows) + BYTES_NOTE + "\nCommands:\n\n" + "\n".join(
-        f"- {ln['row']} ({ln['group']}): `{ln['command']}`" for ln in lines) + "\n"
+    timing = timing_note(meta["timing"], meta["timing_rounds"]) if meta.get("timing") else ""
+    if timing and len({ln["group"] for ln in lines}) > 1:
+        timing += f"The timing rounds ran for the {lines[0]['group']} rows only; the others show one run's ratio.\n"
+    cmds = "\n".join(f"- {ln['row']} ({ln['group']}): `{ln['command']}`" for ln in lines)
+    table = markdown_table(headers, rows)
+    return head + commits_note(meta) + table + BYTES_NOTE + timing + "\nCommands:\n\n" + cmds + "\n"
 
 
-def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None, jobs: int = 1) -> dict:
+def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None, jobs: int = 1,
+              rounds: int = 2, links: bool = True, seeds: tuple[int, ...] = (0, 1)) -> dict:
+    """The rows (``seeds`` for the main ones), then ``rounds`` interleaved timing rounds (bench/timing.py),
+    then DDP and B-SDP 0.5 over throttled links unless ``links`` is False."""
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
-    rows = quick_rows() if quick else llama_rows(LLAMA, steps, (0, 1)) + resnet_rows(steps)
+    rows = quick_rows() if quick else llama_rows(LLAMA, steps, seeds) + resnet_rows(steps)
     rows = select_rows(rows, only)
     out.mkdir(parents=True, exist_ok=True)
     results = run_rows(rows, out, jobs)
+    # timing rounds for the first group only (the LLaMA rows whose step times the README compares)
+    timings = timing_rounds([r for r in rows if r.seed == seeds[0] and r.group == rows[0].group], rounds, out)
+    ratios = step_time_ratios(results, timings, "DDP")
     lines = aggregate(results)
-    meta = metadata({"quick": quick, "steps": None if quick else steps})
+    for ln in lines:
+        ln["step_time"] = ratios.get((ln["group"], ln["row"]))
+    meta = metadata({"quick": quick, "steps": None if quick else steps, "timing_rounds": rounds,
+                     "run_commits": run_commits(results + timings)})
+    meta["timing"] = {f"{g}/{n}": v for (g, n), v in ratios.items()} if rounds else None
     first = rows[0].group
     linked = [r for r in rows if r.group == first and r.name in ("DDP", "B-SDP 0.5") and r.seed == rows[0].seed]
     base = {r["row"]: r["summary"] for r in results if r["group"] == first and r["seed"] == rows[0].seed}
-    throttled = run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base, prefix="spls")
-    data = {"meta": meta, "lines": lines, "throttled": throttled, "runs": results}
+    throttled = (run_throttled(linked, [100.0] if quick else [1000.0, 100.0], out, 4, base, prefix="spls")
+                 if links else [])
+    data = {"meta": meta, "lines": lines, "throttled": throttled, "runs": results, "timing_runs": timings}
     write_json(out / "results.json", data)
-    (out / "report.md").write_text(report_markdown(lines, meta) + throttled_markdown(throttled, "DDP"))
+    links_md = throttled_markdown(throttled, "DDP") if links else ""
+    (out / "report.md").write_text(report_markdown(lines, meta) + links_md)
     from slimpar.bench.plots import sdp_plots
 
     sdp_plots(lines, results, out)

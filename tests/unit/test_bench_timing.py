@@ -1,0 +1,40 @@
+"""Step-time ratios of interleaved timing rounds (bench/timing.py) against a hand computation, and the
+mixed-commit note of bench reports."""
+
+from slimpar.bench.report import commits_note, run_commits
+from slimpar.bench.runner import Row
+from slimpar.bench.timing import ratio_cell, step_time_ratios, timing_rows
+
+
+def _run(row, t, seed=0, k=0, commit="a" * 40, load=1.0):
+    return {"group": "g", "row": row, "seed": seed, "timing_round": k, "load_1m": load,
+            "summary": {"step_time_s": t, "git_commit": commit}}
+
+
+def test_rounds_rotate_the_order_and_only_shorten_the_runs():
+    rows = [Row("DDP", "c", ["--train.steps", "50"], "g"), Row("B", "c", [], "g"), Row("C", "c", [], "g")]
+    timed = timing_rows(rows, 2)
+    assert [(r.timing_round, r.name) for r in timed] == [(1, "B"), (1, "C"), (1, "DDP"),
+                                                          (2, "C"), (2, "DDP"), (2, "B")]
+    ddp = timed[2]
+    assert ddp.overrides[:2] == ["--train.steps", "50"] and ddp.overrides[2:4] == ["--train.steps", "6"]
+    assert len({r.key for r in timed} | {r.key for r in rows}) == 9  # every run has its own folder
+
+
+def test_ratios_are_taken_within_a_round():
+    results = [_run("DDP", 2.0), _run("B", 1.0), _run("DDP", 4.0, seed=1), _run("B", 3.0, seed=1)]
+    timings = [_run("DDP", 1.0, k=1, load=3.0), _run("B", 0.6, k=1), _run("DDP", 4.0, k=2), _run("B", 1.6, k=2)]
+    ratios = step_time_ratios(results, timings, "DDP")
+    b = ratios[("g", "B")]
+    assert b["ratio"] == [0.5, 0.6, 0.4]  # round 0 uses the first seed only: 1/2, then 0.6/1, 1.6/4
+    assert (b["ratio_median"], b["ratio_min"], b["ratio_max"], b["ratio_n"]) == (0.5, 0.4, 0.6, 3)
+    assert ratios[("g", "DDP")]["ratio_median"] == 1.0 and ratios[("g", "DDP")]["load_1m"] == [1.0, 3.0, 1.0]
+    assert ratio_cell(b) == "0.50 [0.40–0.60]" and ratio_cell(None) == "–"
+
+
+def test_a_report_whose_runs_span_commits_says_so():
+    runs = [_run("DDP", 1.0), _run("B", 1.0, commit="b" * 40), _run("C", 1.0)]
+    assert run_commits(runs) == ["a" * 40, "b" * 40]
+    note = commits_note({"run_commits": run_commits(runs)})
+    assert "Mixed commits" in note and "`aaaaaaa`" in note and "`bbbbbbb`" in note
+    assert commits_note({"run_commits": ["a" * 40]}) == ""
