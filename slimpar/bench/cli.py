@@ -1,5 +1,6 @@
-"""``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR``, ``slimpar bench plans --out DIR`` and
-``slimpar bench memory --out DIR`` (the paper's memory table, predicted)."""
+"""``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR``, ``slimpar bench plans --out DIR``,
+``slimpar bench memory --out DIR`` (the paper's memory table, predicted) and ``slimpar bench readme [--check]``
+(README.md's measured sections from the committed results)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
 
     if rest:
         raise ConfigError(f"slimpar bench takes no overrides, got {' '.join(rest)}")
+    if args.which == "readme":
+        if args.out:
+            raise ConfigError("slimpar bench readme writes README.md from docs/results; it takes no --out")
+        from slimpar.bench.readme import readme_command
+
+        return readme_command(args.check)
+    if args.check:
+        raise ConfigError("--check applies to slimpar bench readme")
+    if not args.out:
+        raise ConfigError(f"--out DIR is required for slimpar bench {args.which} (the folder for its results)")
     out = Path(args.out)
     args.jobs = args.jobs if args.jobs is not None else (2 if args.which == "quality" else 1)
     steps = args.steps if args.steps is not None else (2000 if args.which == "quality" else 100)

@@ -186,6 +186,10 @@ CLI_CASES: list[tuple[str, list[str], str | tuple[str, ...]]] = [
     ("plan-float-workers", ["plan", "--config", T, "--parallel.workers", "1e6"], ("parallel.workers", "expected int")),
     ("bench-unknown-which", ["bench", "nope", "--out", "x"], ("invalid choice", "sdp")),
     ("bench-without-out", ["bench", "sdp"], ("--out", "required")),
+    ("bench-readme-with-out", ["bench", "readme", "--out", "x"], ("readme", "no --out")),
+    ("bench-check-not-readme", ["bench", "sdp", "--out", "x", "--check"], ("--check", "readme")),
+    ("bench-negative-rounds", ["bench", "sdp", "--out", "x", "--timing-rounds", "-1"], "--timing-rounds"),
+    ("bench-bad-seeds", ["bench", "sdp", "--out", "x", "--seeds", "a,b"], "--seeds"),
     ("unknown-command", ["fly"], ("invalid choice", "train")),
 ]
 

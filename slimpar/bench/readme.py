@@ -1,0 +1,216 @@
+"""``slimpar bench readme``: README.md's measured sections, written from the committed results files.
+
+Every measured section of README.md sits between two marker lines::
+
+    <!-- generated NAME: slimpar bench readme writes this block from docs/readme/NAME.md -->
+    ...
+    <!-- end generated NAME -->
+
+and is the rendering of its template ``docs/readme/NAME.md``. A template is Markdown with placeholders that
+read ``docs/results/SOURCE/results.json``:
+
+- ``{{measured:SOURCE}}``: the commit and date the source's rows ran at, and a warning when they ran at more
+  than one commit;
+- ``{{table:SOURCE:WHICH}}``: a table (``readme_tables.TABLES``);
+- ``{{v:SOURCE:KEY:FIELD:FORMAT}}``: one number, field ``FIELD`` (dots go into nested records) of the line
+  ``KEY`` (``group/row``, or ``row`` where a source has one group), written as ``FORMAT`` (:func:`format_value`).
+
+So a figure in the README is never typed by hand: it changes only when a results file does. ``--check``
+renders every block and compares it with README.md instead of writing (exit 1, naming the blocks that
+differ); ``tests/unit/test_readme_generated.py`` runs that check.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BEGIN = "<!-- generated {name}: slimpar bench readme writes this block from docs/readme/{name}.md -->"
+END = "<!-- end generated {name} -->"
+_BLOCK = re.compile(r"<!-- generated (?P<name>[\w-]+): .*? -->\n(?P<body>.*?)<!-- end generated (?P=name) -->\n",
+                    re.S)
+_PLACEHOLDER = re.compile(r"\{\{(?P<kind>measured|table|v):(?P<args>[^}]*)\}\}")
+
+
+class ReadmeError(ValueError):
+    """A template names a source, line, field or format that does not exist."""
+
+
+@dataclass
+class Source:
+    """One results file: its lines by key, the commits its rows ran at, and the date it was written."""
+
+    name: str
+    lines: dict[str, dict]
+    commits: list[str]
+    date: str
+    data: dict
+
+    def line(self, key: str) -> dict:
+        if key not in self.lines:
+            raise ReadmeError(f"docs/results/{self.name}/results.json has no line {key!r}; "
+                              f"it has {sorted(self.lines)}")
+        return self.lines[key]
+
+
+def _keyed(lines: list[dict], key: Callable[[dict], str]) -> dict[str, dict]:
+    return {key(ln): ln for ln in lines}
+
+
+def _group_row(ln: dict) -> str:
+    return f"{ln['group']}/{ln['row']}"
+
+
+def load_source(name: str, results: Path) -> Source:
+    """Read ``results/NAME/results.json`` into a :class:`Source`."""
+    from slimpar.bench.report import run_commits
+
+    path = results / name / "results.json"
+    if not path.exists():
+        raise ReadmeError(f"{path} does not exist: run the benchmark that writes it (see docs/readme)")
+    data = json.loads(path.read_text())
+    if name == "memory":  # slimpar bench memory: predictions, one commit
+        lines = _keyed(data["rows"], lambda r: f"{r['size']}/{r['mode']}")
+        for ln in lines.values():  # the worst worker's peak against DDP's at the same size
+            ln["vs_ddp"] = ln["worst"]["peak_live"] / lines[f"{ln['size']}/DDP"]["worst"]["peak_live"]
+        return Source(name, lines, [data["commit"]], data["date"], data)
+    if name == "wallclock":
+        lines = _keyed(data["lines"], lambda r: f"{r['row']}@{r['rate_mbit']:g}")
+        for ln in lines.values():  # step time against the family's reference at the same rate
+            ref = lines.get(f"{'DDP' if ln['family'] == 'sdp' else 'none'}@{ln['rate_mbit']:g}")
+            ln["vs_reference"] = ln["step_time_s"] / ref["step_time_s"] if ref else None
+        lines.update({f"fit/{row}": fit for row, fit in data["fits"].items()})
+        return Source(name, lines, [data["meta"]["git_commit"]], data["meta"]["date"], data)
+    runs = data.get("runs", []) + data.get("timing_runs", [])
+    commits = run_commits(runs) or [data["meta"]["git_commit"]]
+    lines = _keyed(data["lines"], _group_row)
+    if len({ln["group"] for ln in data["lines"]}) == 1:  # one group: rows are also known by name alone
+        lines.update(_keyed(data["lines"], lambda ln: ln["row"]))
+    return Source(name, lines, commits, data["meta"]["date"], data)
+
+
+def measured_line(src: Source) -> str:
+    """'Measured at commit `abc1234`, 2026-12-02 ([results](docs/results/x/results.json)).' (+ mixed warning)."""
+    link = f"[docs/results/{src.name}](docs/results/{src.name}/results.json)"
+    if len(src.commits) == 1:
+        return f"*Measured at commit `{src.commits[0][:7]}`, {src.date[:10]} ({link}).*"
+    names = ", ".join(f"`{c[:7]}`" for c in src.commits)
+    return (f"*Written {src.date[:10]} from runs at {len(src.commits)} different commits ({names}; {link}): "
+            "rows measured at different commits may differ by the changes between them.*")
+
+
+def _pm(ln: dict, field: str, scale: float, digits: int, pct: bool) -> str:
+    mean, std = ln.get(field), ln.get(f"{field}_std")
+    if mean is None:
+        return "–"
+    head = f"{scale * mean:+.{digits}f}%" if pct else f"{scale * mean:.{digits}f}"
+    return head + (f" ± {scale * std:.{digits}f}" if std is not None else "")
+
+
+# FORMAT = a kind and a number of decimals: f2 -> 0.60, pct1 -> +9.6% (a fraction), chg0 -> -40% (a ratio
+# minus one), pm3 -> 3.570 ± 0.026 and pmpct1 -> +9.6% ± 0.7 (FIELD and FIELD_std: mean ± std over seeds);
+# mib, gb and int take no decimals
+FORMATS = ("f", "pct", "chg", "pm", "pmpct", "mib", "gb", "int")
+_FORMAT = re.compile(r"(?P<kind>[a-z]+?)(?P<digits>[0-4]?)")
+
+
+def format_value(ln: dict, field: str, spec: str) -> str:
+    """One number of line ``ln`` as ``spec`` says (see FORMATS)."""
+    m = _FORMAT.fullmatch(spec)
+    if not m or m["kind"] not in FORMATS or (m["kind"] in ("mib", "gb", "int")) == bool(m["digits"]):
+        raise ReadmeError(f"format {spec!r}: one of f/pct/chg/pm/pmpct followed by 0-4 decimals, or mib, gb, int")
+    kind, d = m["kind"], int(m["digits"] or 0)
+    if kind in ("pm", "pmpct"):
+        return _pm(ln, field, 100 if kind == "pmpct" else 1, d, kind == "pmpct")
+    v = _get(ln, field)
+    return {"f": lambda: f"{v:.{d}f}", "pct": lambda: f"{100 * v:+.{d}f}%", "chg": lambda: f"{100 * (v - 1):+.{d}f}%",
+            "mib": lambda: f"{v / 2**20:.1f} MiB", "gb": lambda: f"{v / 1e9:.1f} GB",
+            "int": lambda: f"{round(v):,}"}[kind]()
+
+
+def _get(ln: dict, field: str):
+    value = ln
+    for part in field.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise ReadmeError(f"no field {field!r} in line {ln.get('row', ln.get('mode', '?'))!r}")
+        value = value[part]
+    if value is None:
+        raise ReadmeError(f"field {field!r} of line {ln.get('row', '?')!r} is empty in the results")
+    return value
+
+
+def render(template: str, sources: dict[str, Source]) -> str:
+    """Fill one template's placeholders from ``sources``."""
+    from slimpar.bench.readme_tables import TABLES
+
+    def one(m: re.Match) -> str:
+        kind, args = m["kind"], m["args"].split(":")
+        src = sources.get(args[0])
+        if src is None:
+            raise ReadmeError(f"unknown results source {args[0]!r} in {m[0]}; known: {sorted(sources)}")
+        if kind == "measured":
+            return measured_line(src)
+        if kind == "table":
+            table = TABLES.get(f"{args[0]}:{args[1]}") if len(args) == 2 else None
+            if table is None:
+                raise ReadmeError(f"unknown table {m[0]}; known: {sorted(TABLES)}")
+            return table(src)
+        if len(args) != 4:
+            raise ReadmeError(f"{m[0]}: write {{{{v:SOURCE:KEY:FIELD:FORMAT}}}}")
+        return format_value(src.line(args[1]), args[2], args[3])
+
+    return _PLACEHOLDER.sub(one, template)
+
+
+def blocks(readme: str) -> dict[str, str]:
+    """The generated blocks of a README: name -> body."""
+    return {m["name"]: m["body"] for m in _BLOCK.finditer(readme)}
+
+
+def regenerate(root: Path = ROOT) -> tuple[str, str]:
+    """README.md as it is, and as the templates and results make it."""
+    readme = (root / "README.md").read_text()
+    names = list(blocks(readme))
+    if not names:
+        raise ReadmeError("README.md has no generated blocks (<!-- generated NAME: ... -->)")
+    cache: dict[str, Source] = {}
+    results = root / "docs" / "results"
+
+    class _Lazy(dict):  # load a results file the first time a template names it
+        def get(self, key, default=None):
+            if key not in cache and (results / key / "results.json").exists():
+                cache[key] = load_source(key, results)
+            return cache.get(key, default)
+
+    sources = _Lazy()
+
+    def fill(m: re.Match) -> str:
+        name = m["name"]
+        template = (root / "docs" / "readme" / f"{name}.md").read_text()
+        return f"{BEGIN.format(name=name)}\n{render(template, sources)}{END.format(name=name)}\n"
+
+    return readme, _BLOCK.sub(fill, readme)
+
+
+def readme_command(check: bool, root: Path = ROOT) -> int:
+    """Write README.md's generated blocks, or (``check``) say which differ from their templates."""
+    try:
+        old, new = regenerate(root)
+    except (ReadmeError, FileNotFoundError) as e:
+        print(f"slimpar bench readme: {e}")
+        return 2
+    if check:
+        stale = [n for n, body in blocks(old).items() if blocks(new).get(n) != body]
+        if stale:
+            print(f"README.md is out of date with docs/results in {len(stale)} block(s): {', '.join(stale)}. "
+                  "Run `slimpar bench readme` and commit README.md.")
+            return 1
+        print(f"README.md's {len(blocks(old))} generated blocks match docs/results.")
+        return 0
+    (root / "README.md").write_text(new)
+    print(f"README.md: {len(blocks(new))} generated blocks written from docs/readme and docs/results.")
+    return 0
