@@ -70,6 +70,9 @@ def load_source(name: str, results: Path) -> Source:
     from slimpar.bench.report import run_commits
 
     path = results / name / "results.json"
+    if not path.exists() and (results / name / "summary.json").exists():  # one run's summary.json
+        summary = json.loads((results / name / "summary.json").read_text())
+        return Source(name, {"run": summary}, [summary["git_commit"]], summary["measured"], summary)
     if not path.exists():
         raise ReadmeError(f"{path} does not exist: run the benchmark that writes it (see docs/readme)")
     data = json.loads(path.read_text())
@@ -95,7 +98,8 @@ def load_source(name: str, results: Path) -> Source:
 
 def measured_line(src: Source) -> str:
     """'Measured at commit `abc1234`, 2026-12-02 ([results](docs/results/x/results.json)).' (+ mixed warning)."""
-    link = f"[docs/results/{src.name}](docs/results/{src.name}/results.json)"
+    file = "results.json" if "run" not in src.lines else "summary.json"
+    link = f"[docs/results/{src.name}](docs/results/{src.name}/{file})"
     if len(src.commits) == 1:
         return f"*Measured at commit `{src.commits[0][:7]}`, {src.date[:10]} ({link}).*"
     names = ", ".join(f"`{c[:7]}`" for c in src.commits)
@@ -113,22 +117,22 @@ def _pm(ln: dict, field: str, scale: float, digits: int, pct: bool) -> str:
 
 # FORMAT = a kind and a number of decimals: f2 -> 0.60, pct1 -> +9.6% (a fraction), chg0 -> -40% (a ratio
 # minus one), pm3 -> 3.570 ± 0.026 and pmpct1 -> +9.6% ± 0.7 (FIELD and FIELD_std: mean ± std over seeds);
-# mib, gb and int take no decimals
-FORMATS = ("f", "pct", "chg", "pm", "pmpct", "mib", "gb", "int")
+# mib, mb (10^6 bytes, 2 decimals), gb and int take no decimals
+FORMATS = ("f", "pct", "chg", "pm", "pmpct", "mib", "mb", "gb", "int")
 _FORMAT = re.compile(r"(?P<kind>[a-z]+?)(?P<digits>[0-4]?)")
 
 
 def format_value(ln: dict, field: str, spec: str) -> str:
     """One number of line ``ln`` as ``spec`` says (see FORMATS)."""
     m = _FORMAT.fullmatch(spec)
-    if not m or m["kind"] not in FORMATS or (m["kind"] in ("mib", "gb", "int")) == bool(m["digits"]):
-        raise ReadmeError(f"format {spec!r}: one of f/pct/chg/pm/pmpct followed by 0-4 decimals, or mib, gb, int")
+    if not m or m["kind"] not in FORMATS or (m["kind"] in ("mib", "mb", "gb", "int")) == bool(m["digits"]):
+        raise ReadmeError(f"format {spec!r}: one of f/pct/chg/pm/pmpct followed by 0-4 decimals, or mib, mb, gb, int")
     kind, d = m["kind"], int(m["digits"] or 0)
     if kind in ("pm", "pmpct"):
         return _pm(ln, field, 100 if kind == "pmpct" else 1, d, kind == "pmpct")
     v = _get(ln, field)
     return {"f": lambda: f"{v:.{d}f}", "pct": lambda: f"{100 * v:+.{d}f}%", "chg": lambda: f"{100 * (v - 1):+.{d}f}%",
-            "mib": lambda: f"{v / 2**20:.1f} MiB", "gb": lambda: f"{v / 1e9:.1f} GB",
+            "mib": lambda: f"{v / 2**20:.1f} MiB", "mb": lambda: f"{v / 1e6:.2f} MB", "gb": lambda: f"{v / 1e9:.1f} GB",
             "int": lambda: f"{round(v):,}"}[kind]()
 
 
@@ -166,6 +170,10 @@ def render(template: str, sources: dict[str, Source]) -> str:
     return _PLACEHOLDER.sub(one, template)
 
 
+def _has_source(results: Path, name: str) -> bool:
+    return (results / name / "results.json").exists() or (results / name / "summary.json").exists()
+
+
 def blocks(readme: str) -> dict[str, str]:
     """The generated blocks of a README: name -> body."""
     return {m["name"]: m["body"] for m in _BLOCK.finditer(readme)}
@@ -182,7 +190,7 @@ def regenerate(root: Path = ROOT) -> tuple[str, str]:
 
     class _Lazy(dict):  # load a results file the first time a template names it
         def get(self, key, default=None):
-            if key not in cache and (results / key / "results.json").exists():
+            if key not in cache and _has_source(results, key):
                 cache[key] = load_source(key, results)
             return cache.get(key, default)
 
