@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 
 from slimpar.config import DEFAULT_CONFIG, Config
-from slimpar.train.memory_predict_pipeline import WORST_CASE, describe_pipeline, stage_label
+from slimpar.train.memory_predict_pipeline import VALUE_SIZES, describe_pipeline, stage_label
 from slimpar.train.validate import load_run_config
 from slimpar.utils import fmt_bytes
 
@@ -79,7 +79,7 @@ def memory_command(args: argparse.Namespace, rest: list[str]) -> int:
         holds = f"{stage_label(cfg, r['rank']):<20}" if pipeline else ""
         print(f"{r['rank']:>6}  {holds}" + "  ".join(f"{fmt_bytes(r[c]):>12}" for c in _COLUMNS))
     if pipeline:
-        print(f"value-dependent sizes at their worst case: {WORST_CASE} (docs/memory.md)")
+        print(f"value-dependent sizes: {VALUE_SIZES} (docs/memory.md)")
     print("peak_live: parameters, gradients, optimizer state and buffers held at the step's start, plus the "
           f"largest sum of what the step allocates and holds at once ({time.perf_counter() - t0:.1f} s)")
     return 0

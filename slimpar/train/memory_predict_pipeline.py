@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_leaves
 
 from slimpar.parallel.comm import storage_key
 
-WORST_CASE = "token ids: the distinct ids of the run's own batches; RVQ: every codebook row sent in every message"
+VALUE_SIZES = "distinct token ids as in the run's own batches; RVQ codebook messages at their worst case (every row)"
 _UNIQUE = {"aten::_unique2", "aten::_unique", "aten::unique_dim", "aten::unique_consecutive"}
 
 
