@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -56,23 +57,33 @@ def _is_parameter(t: torch.Tensor) -> bool:
 
 
 class SavedActivations:
-    """Bytes of tensors autograd saves for backward (``saved_tensors_hooks``), by unique storage; parameters
-    excluded, by storage (``exclude``) and by kind: FSDP2's unsharded parameters live in storages it frees
-    and reallocates per block, whose reused addresses made their count depend on the allocator."""
+    """Bytes of tensors autograd saves for backward (``saved_tensors_hooks``): the largest sum of such
+    storages alive at once. Each counts from its first save until it is freed (a backward releases it):
+    with one forward and one backward that is every storage the forward saved; with microbatches in
+    flight (a pipeline's 1F1B, gradient accumulation) it is the most they hold together. Keyed by storage
+    and freed through a finalizer, the count does not depend on the allocator reusing an address.
+    Parameters are excluded, by storage (``exclude``) and by kind: FSDP2's unsharded parameters live in
+    storages it frees and reallocates per block."""
 
     def __init__(self, exclude: Iterable[int]):
         self.exclude = set(exclude)
-        self.seen: dict[int, int] = {}
+        self.live: dict[int, int] = {}  # storage key -> bytes, while the storage lives
+        self.total = self.peak = 0
 
     def _pack(self, t: torch.Tensor):
         if _is_parameter(t):  # also FSDP2's all-gathered parameters, whose storages are not in ``exclude``
             return t
-        local = _local(t)
-        st = local.untyped_storage()
+        st = _local(t).untyped_storage()
         key = storage_key(st)
-        if key not in self.exclude and st.nbytes():
-            self.seen[key] = st.nbytes()
+        if key not in self.exclude and key not in self.live and st.nbytes():
+            self.live[key] = st.nbytes()
+            self.total += st.nbytes()
+            self.peak = max(self.peak, self.total)
+            weakref.finalize(st, self._free, key)
         return t
+
+    def _free(self, key: int) -> None:
+        self.total -= self.live.pop(key)
 
     @contextlib.contextmanager
     def record(self) -> Iterator[None]:
@@ -81,7 +92,7 @@ class SavedActivations:
 
     @property
     def bytes(self) -> int:
-        return sum(self.seen.values())
+        return self.peak
 
 
 # glibc keeps freed heap memory unless blocks above this size are mmapped; only then does a step's RSS

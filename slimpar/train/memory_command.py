@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 
 from slimpar.config import DEFAULT_CONFIG, Config
+from slimpar.train.memory_predict_pipeline import VALUE_SIZES, describe_pipeline, stage_label
 from slimpar.train.validate import load_run_config
 from slimpar.utils import fmt_bytes
 
@@ -46,6 +47,8 @@ def _take_init_from(rest: list[str]) -> tuple[list[str], str]:
 def describe(cfg: Config) -> str:
     """The workload a prediction assumes, in one line."""
     t, p = cfg.train, cfg.parallel
+    if p.mode == "pipeline":
+        return f"{describe_pipeline(cfg)} x seq {cfg.data.seq_len}, {t.dtype}, step {cfg.log.measure_step}"
     per = t.batch_size // max(p.workers, 1)
     ac = " + AC" if t.activation_checkpointing else ""
     mode = p.mode if p.mode != "sdp" else f"sdp {cfg.sdp.level} keep {cfg.sdp.keep} {cfg.sdp.regime}"
@@ -70,9 +73,13 @@ def memory_command(args: argparse.Namespace, rest: list[str]) -> int:
         print(json.dumps({"workload": describe(cfg), "per_rank": rows, "seconds": time.perf_counter() - t0}))
         return 0
     print(f"predicted memory per worker ({describe(cfg)}; FakeTensorMode, nothing allocated)")
-    print("worker  " + "  ".join(f"{c:>12}" for c in _COLUMNS))
+    pipeline = cfg.parallel.mode == "pipeline"  # one stage per worker (all of them with pipeline.virtual)
+    print("worker  " + ("holds               " if pipeline else "") + "  ".join(f"{c:>12}" for c in _COLUMNS))
     for r in rows:
-        print(f"{r['rank']:>6}  " + "  ".join(f"{fmt_bytes(r[c]):>12}" for c in _COLUMNS))
+        holds = f"{stage_label(cfg, r['rank']):<20}" if pipeline else ""
+        print(f"{r['rank']:>6}  {holds}" + "  ".join(f"{fmt_bytes(r[c]):>12}" for c in _COLUMNS))
+    if pipeline:
+        print(f"value-dependent sizes: {VALUE_SIZES} (docs/memory.md)")
     print("peak_live: parameters, gradients, optimizer state and buffers held at the step's start, plus the "
           f"largest sum of what the step allocates and holds at once ({time.perf_counter() - t0:.1f} s)")
     return 0

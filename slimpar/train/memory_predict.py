@@ -170,24 +170,28 @@ def predict_rank(cfg: Config, rank: int, world: int, vocab_size: int) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from slimpar.train.memory_predict_pipeline import value_stand_ins
+
     if dist.is_initialized():
         raise RuntimeError("predict_memory needs a process without a process group")
     cfg = replace(cfg, parallel=replace(cfg.parallel, device="cpu"))
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         with tempfile.TemporaryDirectory() as tmp, _fake_friendly(), \
-                FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars():
-            mem = _measure(cfg, rank, world, vocab_size, Path(tmp))
+                FakeTensorMode(allow_non_fake_inputs=True), _FakeScalars(), value_stand_ins(cfg, vocab_size) as sizes:
+            mem = _measure(cfg, rank, world, vocab_size, Path(tmp), sizes)
     finally:
         dist.destroy_process_group()
     return {k: int(mem[k]) for k in MEM_FIELDS}
 
 
-def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path) -> dict:
-    """Build the trainer's pieces as ``Trainer._build`` does and run up to the measured step."""
+def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path, sizes=None) -> dict:
+    """Build the trainer's pieces as ``Trainer._build`` does and run up to the measured step; ``sizes``: a
+    pipeline's value-dependent sizes (memory_predict_pipeline.py), read off the run's own batches."""
     from slimpar.train.build import total_steps
     from slimpar.train.context import RunContext
     from slimpar.train.elastic import SampleLog
+    from slimpar.train.memory_predict_pipeline import CountedIds
     from slimpar.train.strategies import build_strategy
     from slimpar.train.trainer import Trainer
 
@@ -195,6 +199,8 @@ def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path) -> 
                      timeout=timedelta(seconds=cfg.parallel.timeout_s))
     trainer = Trainer.__new__(Trainer)  # no writer, sinks or run files: only the step
     trainer.cfg, trainer.ctx, trainer.data = cfg, ctx, _FakeText(vocab_size)
+    if sizes is not None:
+        trainer.data = CountedIds(cfg, trainer.data, sizes)
     trainer.strategy = build_strategy(cfg, _model(cfg, vocab_size), ctx)
     if isinstance(trainer.strategy.module, nn.parallel.DistributedDataParallel):
         trainer.strategy.module.register_comm_hook(None, _mean_in_place)
