@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -56,13 +57,18 @@ def _is_parameter(t: torch.Tensor) -> bool:
 
 
 class SavedActivations:
-    """Bytes of tensors autograd saves for backward (``saved_tensors_hooks``), by unique storage; parameters
-    excluded, by storage (``exclude``) and by kind: FSDP2's unsharded parameters live in storages it frees
-    and reallocates per block, whose reused addresses made their count depend on the allocator."""
+    """Peak bytes of tensors autograd saves for backward (``saved_tensors_hooks``) that are alive at once, by
+    unique storage; parameters excluded, by storage (``exclude``) and by kind: FSDP2's unsharded parameters
+    live in storages it frees and reallocates per block, whose reused addresses made their count depend on
+    the allocator. A saved storage leaves the count when it is freed (its backward ran), so a storage that
+    later takes its address counts anew: with gradient accumulation, or virtual SDP's workers one after
+    another, the figure is the largest set saved at once (one micro-batch's, one worker's), whatever the
+    allocator reuses."""
 
     def __init__(self, exclude: Iterable[int]):
         self.exclude = set(exclude)
-        self.seen: dict[int, int] = {}
+        self.seen: dict[int, int] = {}  # live saved storages: key -> nbytes
+        self.live = self.peak = 0
 
     def _pack(self, t: torch.Tensor):
         if _is_parameter(t):  # also FSDP2's all-gathered parameters, whose storages are not in ``exclude``
@@ -70,9 +76,15 @@ class SavedActivations:
         local = _local(t)
         st = local.untyped_storage()
         key = storage_key(st)
-        if key not in self.exclude and st.nbytes():
+        if key not in self.exclude and key not in self.seen and st.nbytes():
             self.seen[key] = st.nbytes()
+            self.live += st.nbytes()
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(st, self._free, key)
         return t
+
+    def _free(self, key: int) -> None:
+        self.live -= self.seen.pop(key)
 
     @contextlib.contextmanager
     def record(self) -> Iterator[None]:
@@ -81,7 +93,7 @@ class SavedActivations:
 
     @property
     def bytes(self) -> int:
-        return sum(self.seen.values())
+        return self.peak
 
 
 # glibc keeps freed heap memory unless blocks above this size are mmapped; only then does a step's RSS
