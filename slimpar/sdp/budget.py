@@ -201,27 +201,29 @@ def keep_for_budgets(components: Sequence[Component], shared_bytes: int, budgets
 def keep_by_prediction(predict_peaks: PeakPredictor, budgets: Sequence[int], steps: int,
                        min_holders: int = 1) -> tuple[list[float], list[int]]:
     """Each worker's keep C_i = m_i / ``steps`` (``steps``: the keep's grain, e.g. K blocks or the groups per
-    layer) from a predictor of the peaks of the plan with given keeps: every worker starts at the whole
-    model (m_i = steps); while some workers' predicted peaks exceed their budgets, each of those drops one
-    step, and the plan is predicted again (a worker's peak may depend on the others' keeps through the
+    layer) from a predictor of the peaks of the plan with given keeps: after a check that every worker fits
+    with one step (else PlanError at once), every worker starts at the whole model (m_i = steps); while
+    some workers' predicted peaks exceed their budgets, each of those drops one step, and the plan is
+    predicted again (a worker's peak may depend on the others' keeps through the
     placement). Returns the keeps and their predicted peaks, all within budget; PlanError when a worker
     does not fit with one step or coverage (``min_holders``) is out of reach."""
     from slimpar.utils import fmt_bytes
 
     n = len(budgets)
-    m = [steps] * n
     shown = ", ".join(fmt_bytes(b) for b in budgets)
+    floor = [int(p) for p in predict_peaks([1 / steps] * n)]  # first the least each worker can hold: fail fast
+    if low := [i for i in range(n) if floor[i] > budgets[i]]:
+        need = max(floor[i] for i in low)
+        raise PlanError(f"memory budgets [{shown}]: worker(s) {low} cannot hold even one component: holding "
+                        f"1/{steps} of the model the predicted peak is {fmt_bytes(need)}; raise those budgets "
+                        f"to at least {fmt_bytes(need)}")
+    m = [steps] * n
     while True:
         keeps = [mi / steps for mi in m]
         peaks = [int(p) for p in predict_peaks(keeps)]
         over = [i for i in range(n) if peaks[i] > budgets[i]]
         if not over:
             return keeps, peaks
-        if low := [i for i in over if m[i] == 1]:
-            need = max(peaks[i] for i in low)
-            raise PlanError(f"memory budgets [{shown}]: worker(s) {low} cannot hold even one component: holding "
-                            f"1/{steps} of the model its predicted peak is {fmt_bytes(need)}; raise those budgets "
-                            f"to at least {fmt_bytes(need)}")
         for i in over:
             m[i] -= 1
         if sum(m) < min_holders * steps:
