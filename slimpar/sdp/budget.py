@@ -202,21 +202,17 @@ def keep_by_prediction(predict_peaks: PeakPredictor, budgets: Sequence[int], ste
                        min_holders: int = 1) -> tuple[list[float], list[int]]:
     """Each worker's keep C_i = m_i / ``steps`` (``steps``: the keep's grain, e.g. K blocks or the groups per
     layer) from a predictor of the peaks of the plan with given keeps: after a check that every worker fits
-    with one step (else PlanError at once), every worker starts at the whole model (m_i = steps); while
-    some workers' predicted peaks exceed their budgets, each of those drops one step, and the plan is
-    predicted again (a worker's peak may depend on the others' keeps through the
+    with one step (else PlanError at once; where one step each covers the model), every worker starts at the
+    whole model (m_i = steps); while some workers' predicted peaks exceed their budgets, each of those drops
+    one step, and the plan is predicted again (a worker's peak may depend on the others' keeps through the
     placement). Returns the keeps and their predicted peaks, all within budget; PlanError when a worker
     does not fit with one step or coverage (``min_holders``) is out of reach."""
     from slimpar.utils import fmt_bytes
 
     n = len(budgets)
     shown = ", ".join(fmt_bytes(b) for b in budgets)
-    floor = [int(p) for p in predict_peaks([1 / steps] * n)]  # first the least each worker can hold: fail fast
-    if low := [i for i in range(n) if floor[i] > budgets[i]]:
-        need = max(floor[i] for i in low)
-        raise PlanError(f"memory budgets [{shown}]: worker(s) {low} cannot hold even one component: holding "
-                        f"1/{steps} of the model the predicted peak is {fmt_bytes(need)}; raise those budgets "
-                        f"to at least {fmt_bytes(need)}")
+    if n >= min_holders * steps:  # one step each is a plan: check it first, a budget too small fails at once
+        _check_floor([int(p) for p in predict_peaks([1 / steps] * n)], budgets, steps, shown)
     m = [steps] * n
     while True:
         keeps = [mi / steps for mi in m]
@@ -224,12 +220,24 @@ def keep_by_prediction(predict_peaks: PeakPredictor, budgets: Sequence[int], ste
         over = [i for i in range(n) if peaks[i] > budgets[i]]
         if not over:
             return keeps, peaks
+        _check_floor([p if m[i] == 1 else 0 for i, p in enumerate(peaks)], budgets, steps, shown)
         for i in over:
             m[i] -= 1
         if sum(m) < min_holders * steps:
             raise PlanError(f"memory budgets [{shown}] fit at most {m} of {steps} steps per worker, {sum(m)} in all, "
                             f"but min_holders={min_holders} needs {min_holders * steps}; raise some budgets (the "
                             f"predicted peaks at these keeps: {', '.join(fmt_bytes(p) for p in peaks)})")
+
+
+def _check_floor(peaks: list[int], budgets: Sequence[int], steps: int, shown: str) -> None:
+    """PlanError naming the workers whose peak with one step of keep (``peaks``; 0: not known) exceeds their budget."""
+    from slimpar.utils import fmt_bytes
+
+    if low := [i for i, (p, b) in enumerate(zip(peaks, budgets, strict=True)) if p > b]:
+        need = max(peaks[i] for i in low)
+        raise PlanError(f"memory budgets [{shown}]: worker(s) {low} cannot hold even one component: holding "
+                        f"1/{steps} of the model the predicted peak is {fmt_bytes(need)}; raise those budgets "
+                        f"to at least {fmt_bytes(need)}")
 
 
 def plan_peaks(plan, activation_bytes_per_block: int | Sequence[int], fixed_bytes: int = 0,

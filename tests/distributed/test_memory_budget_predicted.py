@@ -3,8 +3,8 @@ channel-level SDP): the launcher chooses each worker's keep against the FakeTens
 real gloo run's measured peaks equal the prediction and fit the budgets.
 
 Budgets: 4.7 MiB (worker 0: the whole model's channels, 4.69 MB predicted) and 3.5 MiB (worker 1: 3.81 MiB
-predicted at keep 0.75, 3.15 MiB at keep 0.5), so the search (after the floor, 0.25 each) goes
-1 -> 0.75 -> 0.5 for worker 1."""
+predicted at keep 0.75, 3.15 MiB at keep 0.5), so the search goes 1 -> 0.75 -> 0.5
+for worker 1."""
 
 import json
 
@@ -26,7 +26,7 @@ def test_predicted_budget_chooses_keeps_that_fit(tmp_path):
     record = json.loads((tmp_path / "run" / "memory_budget.json").read_text())
     assert mem["model"] == "predicted" and mem["budgets"] == budgets
     assert s["sdp_plan"]["keep_per_worker"] == [1.0, 0.5]
-    assert record["searched"] == [[0.25, 0.25], [1.0, 1.0], [1.0, 0.75], [1.0, 0.5]]  # 0.75 did not fit worker 1
+    assert record["searched"] == [[1.0, 1.0], [1.0, 0.75], [1.0, 0.5]]  # 0.75 did not fit worker 1
     measured = [r["mem"] for r in s["per_rank"]]
     for i, m in enumerate(measured):
         assert m["peak_live"] <= budgets[i]

@@ -21,12 +21,18 @@ def test_each_worker_gets_the_largest_keep_that_fits():
     calls = []
     keeps, peaks = keep_by_prediction(_linear(100, 1000, 4, calls), [1400, 1250, 1100], steps=4)
     assert keeps == [1.0, 0.5, 0.25] and peaks == [1400, 1200, 1100]
-    assert calls == [[0.25] * 3, [1.0, 1.0, 1.0], [1.0, 0.75, 0.75], [1.0, 0.5, 0.5], [1.0, 0.5, 0.25]]
+    assert calls == [[1.0, 1.0, 1.0], [1.0, 0.75, 0.75], [1.0, 0.5, 0.5], [1.0, 0.5, 0.25]]  # 3 < 4: no floor
+    calls.clear()
+    assert keep_by_prediction(_linear(100, 1000, 2, calls), [1200, 1100, 1100], steps=2)[0] == [1.0, 0.5, 0.5]
+    assert calls == [[0.5] * 3, [1.0] * 3, [1.0, 0.5, 0.5]]  # one step each covers: the floor first
 
 
 def test_budgets_that_cannot_be_met_name_the_worker_and_the_minimum():
-    with pytest.raises(PlanError, match=r"worker\(s\) \[1\] cannot hold even one component.*at least 1.1 KiB"):
-        keep_by_prediction(_linear(100, 1000, 4, []), [1400, 1050], steps=4)
+    for n in (2, 4):  # found at one step, or first (the floor) where one step each covers the model
+        calls = []
+        with pytest.raises(PlanError, match=r"worker\(s\) \[1\] cannot hold even one component.*at least 1.1 KiB"):
+            keep_by_prediction(_linear(100, 1000, 4, calls), [1400, 1050] + [1400] * (n - 2), steps=4)
+        assert len(calls) == (4 if n == 2 else 1)
     with pytest.raises(PlanError, match="min_holders=2 needs 8"):
         keep_by_prediction(_linear(100, 1000, 4, []), [1400, 1200], steps=4, min_holders=2)
 
