@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from torch import nn
@@ -50,27 +50,33 @@ from torch import nn
 from slimpar.sdp.components import Component, PlanError
 
 __all__ = ["MemoryPrediction", "parse_size", "parse_budgets", "llama_activation_bytes", "model_activation_bytes",
-           "predict_peak", "keep_for_budgets", "plan_peaks", "check_budgets", "predict_memory"]
+           "predict_peak", "keep_for_budgets", "keep_by_prediction", "plan_peaks", "check_budgets", "predict_memory"]
+
+PeakPredictor = Callable[[list[float]], list[int]]  # keeps C_0..C_{N-1} -> each worker's predicted peak (bytes)
 
 
 @dataclass
 class MemoryPrediction:
-    """What a memory-budget plan promises each worker (``Plan.memory``): the inputs of the activation
-    model and the predicted peak per worker, from the components it really holds. ``slimpar plan
-    --json`` ("memory_budget") and summary.json ("sdp_memory") report ``as_dict()``."""
+    """What a memory-budget plan promises each worker (``Plan.memory``): the predicted peak per worker, from
+    the components it really holds, and for the analytic model (``model = "analytic"``) its inputs. With a
+    predictor (``model = "predicted"``, ``keep_by_prediction``) only the peaks are the planner's; the fields
+    of the analytic model are None. ``slimpar plan --json`` ("memory_budget") and summary.json
+    ("sdp_memory") report ``as_dict()``."""
 
     budgets: list[int]  # bytes, one per worker
-    tokens_per_worker: int  # tokens of one worker's micro-batch
-    activation_bytes_per_block: int  # a_c, the same for every block
-    fixed_bytes: int  # activations outside the blocks, buffers, loss transients
-    state_factor: int  # bytes of state per parameter byte (4: fp32 AdamW)
-    predicted_static_bytes: list[int]  # params + grads + optimizer, per worker
-    predicted_activation_bytes: list[int]  # activations of the held blocks, per worker
-    predicted_peak_mem_bytes: list[int]  # static + activations + fixed, per worker
+    tokens_per_worker: int | None  # tokens of one worker's micro-batch (analytic model)
+    activation_bytes_per_block: int | None  # a_c, the same for every block (analytic model)
+    fixed_bytes: int | None  # activations outside the blocks, buffers, loss transients (analytic model)
+    state_factor: int | None  # bytes of state per parameter byte (4: fp32 AdamW; analytic model)
+    predicted_static_bytes: list[int] | None  # params + grads + optimizer, per worker
+    predicted_activation_bytes: list[int] | None  # activations of the held blocks, per worker
+    predicted_peak_mem_bytes: list[int]  # the peak, per worker
+    model: str = "analytic"  # "analytic" (this module's activation model) | "predicted" (a predict_peaks callable)
 
     def as_dict(self) -> dict:
         """JSON-ready, with the keys in field order (those of summary.json and ``slimpar plan --json``)."""
         return asdict(self)
+
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -190,6 +196,48 @@ def keep_for_budgets(components: Sequence[Component], shared_bytes: int, budgets
                         f"{fmt_bytes(peaks[min(each, k)])} for every worker ({each} of {k} components each), or "
                         f"larger budgets for some workers until the slots reach {need}")
     return [m / k for m in fit]
+
+
+def keep_by_prediction(predict_peaks: PeakPredictor, budgets: Sequence[int], steps: int,
+                       min_holders: int = 1) -> tuple[list[float], list[int]]:
+    """Each worker's keep C_i = m_i / ``steps`` (``steps``: the keep's grain, e.g. K blocks or the groups per
+    layer) from a predictor of the peaks of the plan with given keeps: after a check that every worker fits
+    with one step (else PlanError at once; where one step each covers the model), every worker starts at the
+    whole model (m_i = steps); while some workers' predicted peaks exceed their budgets, each of those drops
+    one step, and the plan is predicted again (a worker's peak may depend on the others' keeps through the
+    placement). Returns the keeps and their predicted peaks, all within budget; PlanError when a worker
+    does not fit with one step or coverage (``min_holders``) is out of reach."""
+    from slimpar.utils import fmt_bytes
+
+    n = len(budgets)
+    shown = ", ".join(fmt_bytes(b) for b in budgets)
+    if n >= min_holders * steps:  # one step each is a plan: check it first, a budget too small fails at once
+        _check_floor([int(p) for p in predict_peaks([1 / steps] * n)], budgets, steps, shown)
+    m = [steps] * n
+    while True:
+        keeps = [mi / steps for mi in m]
+        peaks = [int(p) for p in predict_peaks(keeps)]
+        over = [i for i in range(n) if peaks[i] > budgets[i]]
+        if not over:
+            return keeps, peaks
+        _check_floor([p if m[i] == 1 else 0 for i, p in enumerate(peaks)], budgets, steps, shown)
+        for i in over:
+            m[i] -= 1
+        if sum(m) < min_holders * steps:
+            raise PlanError(f"memory budgets [{shown}] fit at most {m} of {steps} steps per worker, {sum(m)} in all, "
+                            f"but min_holders={min_holders} needs {min_holders * steps}; raise some budgets (the "
+                            f"predicted peaks at these keeps: {', '.join(fmt_bytes(p) for p in peaks)})")
+
+
+def _check_floor(peaks: list[int], budgets: Sequence[int], steps: int, shown: str) -> None:
+    """PlanError naming the workers whose peak with one step of keep (``peaks``; 0: not known) exceeds their budget."""
+    from slimpar.utils import fmt_bytes
+
+    if low := [i for i, (p, b) in enumerate(zip(peaks, budgets, strict=True)) if p > b]:
+        need = max(peaks[i] for i in low)
+        raise PlanError(f"memory budgets [{shown}]: worker(s) {low} cannot hold even one component: holding "
+                        f"1/{steps} of the model the predicted peak is {fmt_bytes(need)}; raise those budgets "
+                        f"to at least {fmt_bytes(need)}")
 
 
 def plan_peaks(plan, activation_bytes_per_block: int | Sequence[int], fixed_bytes: int = 0,

@@ -4,9 +4,11 @@ user and the CLI get the same mask for the same settings.
 
 ``plan_model`` extracts the components (``model_components``), then, in order:
 
-- memory budgets (optional; slimpar's LLaMA only): each worker's keep C_i is the most that fits its
-  budget under the analytic activation model (``slimpar.sdp.budget``), and the finished plan carries
-  each worker's predicted peak (``Plan.memory``), checked against its budget;
+- memory budgets (optional): each worker's keep C_i is the most that fits its budget, under a peak
+  predictor the caller gives (``predict_peaks``: any model; ``slimpar train`` passes the FakeTensorMode
+  prediction of the run's own step) or else the analytic activation model (``slimpar.sdp.budget``;
+  slimpar's fp32 LLaMA only), and the finished plan carries each worker's predicted peak
+  (``Plan.memory``), checked against its budget;
 - neuron level without an explicit mask: the per-layer rule. Every worker keeps a fraction C_i of
   *each* layer's unit groups (cyclic or random within the layer, layer i seeded with
   ``seed * 1009 + i``). One placement over all groups in model order would instead give a worker
@@ -36,18 +38,25 @@ def plan_model(model: nn.Module, world_size: int, keep: Keep = None, *, level: L
                assignment: str = "cyclic", seed: int = 0, min_holders: int = 1, mask: np.ndarray | None = None,
                balance: str = "bytes", holder_sets: int | None = None, blocks: str | None = None,
                input_shape: tuple[int, ...] | None = None, memory_budget: str | Sequence[str] | None = None,
-               tokens_per_worker: int | None = None) -> Plan:
+               tokens_per_worker: int | None = None, predict_peaks: budget.PeakPredictor | None = None) -> Plan:
     """SDP plan of ``model`` for ``world_size`` workers (module docstring for the steps).
 
     ``keep``: C or one C_i per worker (unused with ``mask`` or ``memory_budget``). ``groups``: unit
     groups per layer at neuron level. ``blocks``: dotted path of the repeated blocks of a model that is
     not slimpar's. ``input_shape``: one input's shape, for convnets' per-image FLOPs. ``memory_budget``:
     sizes as ``slimpar.sdp.budget.parse_budgets`` reads them, with ``tokens_per_worker`` the tokens of one
-    worker's micro-batch. ``holder_sets`` (random, block level) bounds the distinct holder sets."""
+    worker's micro-batch (analytic model), or ``predict_peaks(keeps) -> peaks`` the predictor to choose the
+    keeps against (``budget.keep_by_prediction``; the keep's grain: ``groups`` at neuron level, one block at
+    block level). ``holder_sets`` (random, block level) bounds the distinct holder sets."""
     kw = {"input_shape": input_shape} if input_shape is not None else {}
     comps, shared, shared_bytes = model_components(model, level, groups, blocks, **kw)
-    activations = None
-    if memory_budget:
+    activations = memory = None
+    if memory_budget and predict_peaks is not None:
+        budgets = budget.parse_budgets(memory_budget, world_size)
+        steps = groups if level == "neuron" else len(comps)
+        keep, peaks = budget.keep_by_prediction(predict_peaks, budgets, steps, min_holders)
+        memory = budget.MemoryPrediction(budgets, tokens_per_worker, None, None, None, None, None, peaks, "predicted")
+    elif memory_budget:
         if tokens_per_worker is None:
             raise PlanError("memory_budget needs tokens_per_worker (tokens of one worker's micro-batch)")
         budgets = budget.parse_budgets(memory_budget, world_size)
@@ -72,6 +81,9 @@ def plan_model(model: nn.Module, world_size: int, keep: Keep = None, *, level: L
     if activations is not None:
         budgets, per_block, fixed = activations
         plan.memory = budget.predict_memory(plan, budgets, tokens_per_worker, per_block, fixed)
+    if memory is not None:
+        plan.memory = memory
+    if memory_budget:
         plan.keep_asked = None  # the budgets were asked, not a keep: C_i = m_i / K holds whole blocks anyway
     return plan
 

@@ -203,6 +203,8 @@ def checkpoint_layout(cfg) -> dict:
     section = {"sdp": s, "pipeline": cfg.pipeline}.get(p.mode)
     if section is not None:
         out[p.mode] = _tied_fields(section, _TIED[p.mode])
+    if p.mode == "sdp" and s.memory_budget:  # the keeps follow from the budget: the launcher fills them in
+        out["sdp"].pop("keep_per_worker")
     if p.mode == "pipeline":
         from slimpar.pipeline.names import cut_blocks
         from slimpar.train.build import llama_config

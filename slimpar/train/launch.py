@@ -82,17 +82,25 @@ def prepare_out_dir(cfg: Config, out_dir: Path) -> None:
 
 
 def launch(cfg: Config, out_dir: Path) -> None:
-    """Run ``cfg`` with ``parallel.workers`` processes and write outputs to ``out_dir``."""
+    """Run ``cfg`` with ``parallel.workers`` processes and write outputs to ``out_dir``.
+
+    ``sdp.memory_budget`` is resolved first, here, before any process group exists (the prediction joins a
+    fake one of its own): the workers run the chosen keeps (slimpar.train.memory_budget)."""
+    from slimpar.train.memory_budget import resolve_memory_budget, write_record
+
+    run, budget = resolve_memory_budget(cfg)  # ConfigError (exit 2) before anything is written
     if under_torchrun():
         if int(os.environ.get("RANK", "0")) == 0:
             prepare_out_dir(cfg, out_dir)
-        worker_main(to_dict(cfg), str(out_dir))
+            write_record(out_dir, budget)
+        worker_main(to_dict(run), str(out_dir))
         return
     prepare_out_dir(cfg, out_dir)
-    if runs_in_process(cfg):
-        worker_main(to_dict(cfg), str(out_dir))
+    write_record(out_dir, budget)
+    if runs_in_process(run):
+        worker_main(to_dict(run), str(out_dir))
         return
-    _elastic(cfg, out_dir)
+    _elastic(run, out_dir)
 
 
 def _elastic(cfg: Config, out_dir: Path) -> None:

@@ -52,8 +52,12 @@ def describe(cfg: Config) -> str:
     per = t.batch_size // max(p.workers, 1)
     ac = " + AC" if t.activation_checkpointing else ""
     mode = p.mode if p.mode != "sdp" else f"sdp {cfg.sdp.level} keep {cfg.sdp.keep} {cfg.sdp.regime}"
-    return (f"{mode}{ac}, {p.workers} workers, global batch {t.batch_size} ({per} per worker) x seq "
-            f"{cfg.data.seq_len}, {t.dtype}, step {cfg.log.measure_step}")
+    if p.mode == "sdp" and cfg.sdp.virtual:
+        mode += f", {cfg.sdp.virtual_workers} virtual workers in one process"
+        per = t.batch_size // cfg.sdp.virtual_workers
+    items = f"x seq {cfg.data.seq_len}" if cfg.data.kind == "text" else f"images of {cfg.data.image_set}"
+    return (f"{mode}{ac}, {p.workers} workers, global batch {t.batch_size} ({per} per worker) {items}, {t.dtype}, "
+            f"step {cfg.log.measure_step}")
 
 
 def memory_command(args: argparse.Namespace, rest: list[str]) -> int:

@@ -20,6 +20,7 @@ hidden from the instrument in a run too.
 from __future__ import annotations
 
 import contextlib
+import copy
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -76,9 +77,11 @@ def _fake_friendly() -> Iterator[None]:
     and its broadcast of rank 0's weights (C++ code that reads the bytes; neither leaves memory behind).
     Device meshes are built on real tensors (their rank tables are read); gathered objects are this rank's.
     And ``Module.to("cpu")`` leaves a module of fake CPU tensors as it is: it already is there, and torch
-    would swap every fake parameter for a copy (which fails for a tied one)."""
+    would swap every fake parameter for a copy (which fails for a tied one). A deep copy of a fake tensor
+    (virtual SDP copies the model per worker) stays in this fake mode."""
     import torch.distributed.fsdp._fully_shard._fully_shard as fsdp
     import torch.nn.parallel.distributed as ddp
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.distributed.device_mesh import DeviceMesh
 
     saved = (nn.Module.to, ddp._verify_param_shape_across_processes, ddp._sync_module_states, dist.all_gather_object)
@@ -92,6 +95,7 @@ def _fake_friendly() -> Iterator[None]:
         return original(self, *args, **kwargs)
 
     nn.Module.to = to
+    FakeTensor.__deepcopy__ = _copy_fake  # virtual SDP's workers: deep copies of one fake model
     ddp._verify_param_shape_across_processes = ddp._sync_module_states = lambda *a, **k: None
     dist.all_gather_object = _own_object_everywhere
     DeviceMesh.from_group = staticmethod(_real(DeviceMesh.from_group))
@@ -101,6 +105,17 @@ def _fake_friendly() -> Iterator[None]:
     finally:
         nn.Module.to, ddp._verify_param_shape_across_processes, ddp._sync_module_states, dist.all_gather_object = saved
         DeviceMesh.from_group, fsdp._init_default_mesh = meshes
+        del FakeTensor.__deepcopy__
+
+
+def _copy_fake(t: torch.Tensor, memo: dict) -> torch.Tensor:
+    """A deep copy of a fake tensor in the same fake mode (a copied mode would make each of the copy's views a
+    tensor of another mode, converted afresh, with a new storage, at every use), its real constant (a small
+    tensor's value, e.g. BatchNorm's batch count) copied as the real tensor it is."""
+    memo.setdefault(id(t.fake_mode), t.fake_mode)
+    if t.constant is not None and id(t.constant) not in memo:
+        memo[id(t.constant)] = _real(copy.deepcopy)(t.constant)
+    return torch.Tensor.__deepcopy__(t, memo)
 
 
 def _own_object_everywhere(object_list: list, obj, group=None) -> None:
@@ -158,8 +173,6 @@ def predict_memory(cfg: Config, ranks: list[int] | None = None, vocab_size: int 
     """The ``mem`` record of each rank in ``ranks`` (default: all of ``cfg.parallel.workers``) at step
     ``log.measure_step``, predicted under FakeTensorMode. ``vocab_size``: the tokenizer's (default
     ``model.vocab_size``, else ``data.vocab_size``; a real run takes the trained tokenizer's)."""
-    if cfg.data.kind != "text":
-        raise ValueError("memory prediction covers text models (LLaMA) only")
     world = cfg.parallel.workers
     vocab = vocab_size or cfg.model.vocab_size or cfg.data.vocab_size
     return [{"rank": r, **predict_rank(cfg, r, world, vocab)} for r in (range(world) if ranks is None else ranks)]
@@ -198,7 +211,7 @@ def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path, siz
     ctx = RunContext(rank=rank, world=world, device=torch.device("cpu"), out_dir=out, group=dist.group.WORLD,
                      timeout=timedelta(seconds=cfg.parallel.timeout_s))
     trainer = Trainer.__new__(Trainer)  # no writer, sinks or run files: only the step
-    trainer.cfg, trainer.ctx, trainer.data = cfg, ctx, _FakeText(vocab_size)
+    trainer.cfg, trainer.ctx, trainer.data = cfg, ctx, _data(cfg, vocab_size)
     if sizes is not None:
         trainer.data = CountedIds(cfg, trainer.data, sizes)
     trainer.strategy = build_strategy(cfg, _model(cfg, vocab_size), ctx)
@@ -229,4 +242,13 @@ def _model(cfg: Config, vocab_size: int) -> nn.Module:
 
         torch.manual_seed(cfg.train.seed)
         return Llama(read_hf_config(cfg.model.init_from, weights=False))
-    return build_model(cfg, _FakeText(vocab_size))
+    return build_model(cfg, _data(cfg, vocab_size))
+
+
+def _data(cfg: Config, vocab_size: int):
+    """The stand-in for the run's data: token windows, or images (slimpar.train.memory_stand_ins)."""
+    if cfg.data.kind == "text":
+        return _FakeText(vocab_size)
+    from slimpar.train.memory_stand_ins import fake_images
+
+    return fake_images(cfg)

@@ -215,30 +215,10 @@ def pipeline_stand_ins(vocab_size: int) -> Iterator[ValueSizes]:
 
     BoundaryDecoder.extra_spec, PipelineStrategy._touched_rows = extra_spec, touched_rows
     try:
-        with held_p2p(), one_fake_mode(), sizes:
+        with held_p2p(), sizes:  # deep copies of fake tensors: memory_predict._fake_friendly
             yield sizes
     finally:
         BoundaryDecoder.extra_spec, PipelineStrategy._touched_rows = saved
-
-
-@contextlib.contextmanager
-def one_fake_mode() -> Iterator[None]:
-    """A deep copy of fake tensors stays in the prediction's FakeTensorMode. The virtual pipeline copies the
-    model once per stage, and ``Tensor.__deepcopy__`` copies a fake tensor's ``__dict__``, its mode
-    included: the copies' every in-place op would then make a new tensor of the current mode (a new
-    allocation to the step's instrument), and the copied mode's internals are not meant to be copied."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    had = "__deepcopy__" in FakeTensorMode.__dict__
-    saved = FakeTensorMode.__dict__.get("__deepcopy__")
-    FakeTensorMode.__deepcopy__ = lambda self, memo: self
-    try:
-        yield
-    finally:
-        if had:
-            FakeTensorMode.__deepcopy__ = saved
-        else:
-            del FakeTensorMode.__deepcopy__
 
 
 def describe_pipeline(cfg) -> str:

@@ -16,7 +16,12 @@ from slimpar.utils import fmt_bytes
 def plan_command(args: argparse.Namespace, rest: list[str]) -> int:
     cfg = load_run_config(args.config or str(DEFAULT_CONFIG), ["--parallel.mode", "sdp", *rest], training=False)
     workers = cfg.parallel.workers // cfg.sdp.fsdp
-    plan = plan_from_config(cfg, meta_model(cfg), workers)
+    if cfg.sdp.memory_budget:  # the keeps slimpar train would choose: against the FakeTensorMode prediction
+        from slimpar.train.memory_budget import choose_keeps
+
+        plan, _ = choose_keeps(cfg, workers)
+    else:
+        plan = plan_from_config(cfg, meta_model(cfg), workers)
     report = plan.report()
     report["analytic_bytes_per_step"] = [analytic_bytes_per_step(plan, r)["total"] for r in range(workers)]
     report["ddp_bytes_per_step"] = analytic_bytes_per_step(plan, 0)["ddp"]
@@ -30,12 +35,9 @@ def plan_command(args: argparse.Namespace, rest: list[str]) -> int:
         per_worker = ", ".join(f"{b:,}" for b in report["analytic_bytes_per_step"])
         print(f"bytes per step per worker (gradient all-reduces): {per_worker} (DDP: {report['ddp_bytes_per_step']:,})")
         if memory is not None:
-            print(f"memory budgets ({memory.tokens_per_worker} tokens per worker; activations "
-                  f"{fmt_bytes(memory.activation_bytes_per_block)} per block, "
-                  f"fixed {fmt_bytes(memory.fixed_bytes)})")
-            rows = zip(plan.keep_per_worker, memory.budgets, memory.predicted_static_bytes,
-                       memory.predicted_peak_mem_bytes, strict=True)
-            for r, (c, b, static, peak) in enumerate(rows):
-                print(f"  worker {r}: keep {c:.3g}, predicted peak {fmt_bytes(peak)} (params+grads+optimizer "
-                      f"{fmt_bytes(static)}) of budget {fmt_bytes(b)}")
+            print("memory budgets (peaks predicted under FakeTensorMode for this run's step: slimpar plan --memory "
+                  "--sdp.keep_per_worker with these keeps shows every part)")
+            rows = zip(plan.keep_per_worker, memory.budgets, memory.predicted_peak_mem_bytes, strict=True)
+            for r, (c, b, peak) in enumerate(rows):
+                print(f"  worker {r}: keep {c:.3g}, predicted peak {fmt_bytes(peak)} of budget {fmt_bytes(b)}")
     return 0

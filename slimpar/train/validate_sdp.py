@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from slimpar.config import Config, ConfigError
@@ -56,27 +58,22 @@ def validate_sdp(cfg: Config) -> None:
 
 
 def _check_memory_budget(cfg: Config) -> None:
-    """sdp.memory_budget: valid sizes for the workers, in the setting the activation model describes
-    (slimpar.sdp.budget: fp32 LLaMA blocks, forward masking, no activation checkpointing)."""
+    """sdp.memory_budget: valid sizes for the workers, and keeps left for it to choose. Whether the budgets
+    can be met is the launcher's prediction (slimpar.train.memory_budget), for any model and setting."""
     from slimpar.sdp.budget import parse_budgets
 
-    s, t = cfg.sdp, cfg.train
+    s = cfg.sdp
     if s.keep_per_worker:
         raise ConfigError("sdp.memory_budget and sdp.keep_per_worker both choose each worker's keep C_i; "
                           "give one of them")
-    unsupported = [why for bad, why in (
-        (cfg.model.arch != "llama", f"--model.arch llama (got {cfg.model.arch})"),
-        (s.level != "block", "--sdp.level block"), (s.regime != "forward", "--sdp.regime forward"),
-        (s.assignment == "explicit", "--sdp.assignment cyclic or random (an explicit mask fixes the keeps)"),
-        (s.fsdp != 1 or s.holder_shard or s.virtual, "--sdp.fsdp 1 without holder_shard or virtual"),
-        (t.activation_checkpointing, "--train.activation_checkpointing false"),
-        (t.dtype != "fp32", "--train.dtype fp32"), (t.grad_accum != 1, "--train.grad_accum 1")) if bad]
-    if unsupported:
-        raise ConfigError("sdp.memory_budget predicts the peak of fp32, forward-masked LLaMA block subnetworks "
-                          "without activation checkpointing or accumulation; set " + ", ".join(unsupported) +
-                          ", or choose the keeps yourself with --sdp.keep_per_worker")
+    if s.assignment == "explicit":
+        raise ConfigError("sdp.memory_budget chooses each worker's keep C_i, an explicit mask fixes them; use "
+                          "--sdp.assignment cyclic or random")
+    if s.virtual:
+        raise ConfigError("sdp.memory_budget bounds each worker's process; sdp.virtual = true runs every worker "
+                          "in one process: give the keeps with --sdp.keep or --sdp.keep_per_worker")
     try:
-        parse_budgets(s.memory_budget, cfg.parallel.workers)
+        parse_budgets(s.memory_budget, cfg.parallel.workers // max(s.fsdp, 1))
     except PlanError as e:
         raise ConfigError(f"sdp.memory_budget: {e}") from None
 
@@ -107,6 +104,8 @@ def meta_model(cfg: Config):
 def _check_plan(cfg: Config) -> None:
     try:
         n = cfg.sdp.virtual_workers if cfg.sdp.virtual else cfg.parallel.workers // cfg.sdp.fsdp
+        if cfg.sdp.memory_budget:  # the keeps are the launcher's to choose (slimpar.train.memory_budget)
+            cfg = replace(cfg, sdp=replace(cfg.sdp, memory_budget=""))
         plan_from_config(cfg, meta_model(cfg), n)
     except (PlanError, OSError) as e:
         raise ConfigError(f"SDP plan: {e}") from None

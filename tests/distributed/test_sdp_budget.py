@@ -1,11 +1,9 @@
 """sdp.memory_budget end to end: 4 workers of configs/llama_tiny.toml, two budgets that fit the whole
 model and two that fit half of it; the chosen keeps, and the prediction against the exact accounting.
 
-Tolerance of the peak: 5 %. The activation model (slimpar.sdp.budget) counts the tensors autograd saves
-in fp32 eager mode, so on this CPU build it is exact to the byte; what it cannot promise is that another
-torch version or attention kernel saves the same set (e.g. a log-sum-exp in another layout, or a copy
-where a view is taken here). One such d-sized tensor per token and block is 4 x 128 x 64 bytes per block,
-0.5 % of the full worker's peak per block, 1.8 % over llama_tiny's 4 blocks; 5 % leaves room for two."""
+The launcher chooses the keeps against the FakeTensorMode prediction of every rank's step
+(slimpar.train.memory_budget), which equals the measurement to the byte; the 5 % tolerance of the peak is
+kept from the analytic model (slimpar.sdp.budget, the library's default), which is exact here too."""
 
 import json
 

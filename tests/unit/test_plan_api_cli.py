@@ -97,7 +97,7 @@ def test_memory_budget_plans_equal_cli(assignment):
     assert isinstance(lib.memory, slimpar.sdp.MemoryPrediction) and lib.memory == cli.memory
     assert list(lib.memory.as_dict()) == ["budgets", "tokens_per_worker", "activation_bytes_per_block", "fixed_bytes",
                                           "state_factor", "predicted_static_bytes", "predicted_activation_bytes",
-                                          "predicted_peak_mem_bytes"]
+                                          "predicted_peak_mem_bytes", "model"]
     assert slimpar.sdp.plan_blocks(_user_model(path), 4, 0.5).memory is None
 
 

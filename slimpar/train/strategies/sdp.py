@@ -16,17 +16,19 @@ if TYPE_CHECKING:
     from slimpar.config import Config
 
 
-def plan_from_config(cfg: Config, model: nn.Module, workers: int | None = None) -> Plan:
+def plan_from_config(cfg: Config, model: nn.Module, workers: int | None = None, predict_peaks=None) -> Plan:
     """The run's plan: ``slimpar.sdp.planner.plan_model`` with the [sdp] settings, the run's seed and, for
-    memory budgets, the tokens of one worker's micro-batch (the batch split is the trainer's rule). Pure in
-    (seed, workers, model structure), so every rank computes the same."""
+    memory budgets, ``predict_peaks`` (slimpar.train.memory_budget) or else the analytic model's tokens of one
+    worker's micro-batch (the batch split is the trainer's rule). Pure in (seed, workers, model structure), so
+    every rank computes the same. A budget already resolved by the launcher arrives as ``keep_per_worker``."""
     s, t = cfg.sdp, cfg.train
     n = workers or (cfg.parallel.workers // max(s.fsdp, 1))
+    budget = s.memory_budget if not s.keep_per_worker else ""
     return plan_model(model, n, s.keep_per_worker or s.keep, level=s.level, groups=s.groups or 4,
                       assignment=s.assignment, seed=t.seed, min_holders=s.min_holders,
                       mask=load_mask_file(s.mask_file) if s.assignment == "explicit" else None,
                       input_shape=None if cfg.model.arch == "llama" else (1, cfg.model.in_channels, 32, 32),
-                      memory_budget=s.memory_budget or None,
+                      memory_budget=budget or None, predict_peaks=predict_peaks,
                       tokens_per_worker=-(-t.batch_size // (n * t.grad_accum)) * cfg.data.seq_len)
 
 
@@ -54,6 +56,9 @@ class SDPStrategy(Strategy):
         super().__init__(model, ctx.group, cfg)
         self.ctx = ctx
         self.plan = plan_from_config(cfg, model, self._workers())
+        self.predicted_per_rank = None  # sdp.memory_budget: the launcher's prediction of every rank's memory
+        if cfg.sdp.memory_budget and self.plan.memory is None and ctx.is_main:  # the keeps chosen by the launcher
+            self.plan.memory, self.predicted_per_rank = _launcher_prediction(ctx.out_dir)
         self.batchnorm = has_batchnorm(model)
         self.wrapper = self._wrap(model)
         self.module = self.wrapper
@@ -169,9 +174,14 @@ class SDPStrategy(Strategy):
                             "bn_recalibrate_batches": bn_batches(self.cfg, self.batchnorm)}}
         if p.memory is None:
             return out
-        # sdp.memory_budget: worker i's prediction sits next to per_rank[i]["mem"] (rank i is worker i: fsdp = 1)
-        out["sdp_memory"] = {**p.memory.as_dict(), "model": "peak = 4 (shared + held param bytes) + held blocks x "
-                                                 "activation_bytes_per_block + fixed_bytes (slimpar.sdp.budget)"}
+        # sdp.memory_budget: worker i's prediction sits next to per_rank[i * sdp.fsdp]["mem"]
+        how = ("FakeTensorMode prediction of this run's step per rank (slimpar.train.memory_budget); a worker's "
+               "peak is the largest of its sdp.fsdp ranks'" if p.memory.model == "predicted" else
+               "peak = 4 (shared + held param bytes) + held blocks x activation_bytes_per_block + fixed_bytes "
+               "(slimpar.sdp.budget)")
+        out["sdp_memory"] = {**p.memory.as_dict(), "how": how}
+        if self.predicted_per_rank is not None:
+            out["sdp_memory"]["predicted_per_rank"] = self.predicted_per_rank
         return out
 
     def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
@@ -194,9 +204,11 @@ class SDPStrategy(Strategy):
         ]
         memory, per_rank = self.plan.memory, summary.get("per_rank") or []
         if memory is not None:  # sdp.memory_budget: each worker's keep, budget, predicted and measured peak
+            f = self.cfg.sdp.fsdp
             for i, (c, b, pred) in enumerate(zip(self.plan.keep_per_worker, memory.budgets,
                                                  memory.predicted_peak_mem_bytes, strict=True)):
-                measured = per_rank[i]["mem"].get("peak_live") if i < len(per_rank) else None
+                ranks = [r["mem"].get("peak_live") for r in per_rank[i * f:(i + 1) * f]]
+                measured = max(ranks) if ranks and None not in ranks else None
                 rows.append((f"worker {i}: keep {c:.3g}, budget {fmt_bytes(b)}",
                              f"peak {fmt_bytes(pred)} predicted, {fmt_bytes(measured)} measured"))
         return rows
@@ -274,6 +286,20 @@ def _shard_within_workers(model: nn.Module, ctx, f: int) -> None:
     for block in model_blocks(model).values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+
+
+def _launcher_prediction(out_dir):
+    """The memory budget's prediction the launcher recorded (slimpar.train.memory_budget): ``Plan.memory`` and
+    the per-rank records; (None, None) without a record."""
+    from dataclasses import fields
+
+    from slimpar.sdp.budget import MemoryPrediction
+    from slimpar.train.memory_budget import read_record
+
+    record = read_record(out_dir)
+    if record is None:
+        return None, None
+    return MemoryPrediction(**{f.name: record[f.name] for f in fields(MemoryPrediction)}), record["predicted_per_rank"]
 
 
 def build_sdp_strategy(cfg: Config, model: nn.Module, ctx) -> SDPStrategy:
