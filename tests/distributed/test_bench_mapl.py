@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import ROOT
 
 
-@pytest.mark.slow  # 140-150 s on 2 cores: the default suite keeps its budget (bench sdp stays in it)
+@pytest.mark.slow  # 140-150 s on 2 cores: the default suite keeps its budget (every quick benchmark is slow)
 def test_quick_mapl_benchmark(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "-m", "slimpar", "bench", "mapl", "--quick", "--out", str(out)],

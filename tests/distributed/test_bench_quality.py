@@ -16,7 +16,7 @@ def _bench(out):
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
 
 
-@pytest.mark.slow  # 140-150 s on 2 cores: the default suite keeps its budget (bench sdp stays in it)
+@pytest.mark.slow  # 140-150 s on 2 cores: the default suite keeps its budget (every quick benchmark is slow)
 def test_quick_quality_benchmark_and_its_reuse(tmp_path):
     out = tmp_path / "bench"
     proc = _bench(out)

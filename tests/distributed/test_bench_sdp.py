@@ -5,9 +5,13 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
 
 
+@pytest.mark.slow  # 140 s on 2 cores, like the quick mapl and quality benchmarks; the timing rounds' arithmetic
+# and the mixed-commit note are unit-tested (tests/unit/test_bench_timing.py)
 def test_quick_sdp_benchmark(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, "-m", "slimpar", "bench", "sdp", "--quick", "--out", str(out)],

@@ -4,8 +4,8 @@ process, the process's memory predicted) and SDP with FSDP2 inside each of 2 wor
 Every field of every rank's ``mem`` record, measured = predicted (to the byte; the 1 % of the issue
 is the tolerance). ``sdp.bn_recalibrate`` runs at evaluation only, outside the measured step.
 
-The default suite runs the cheapest case (2 virtual workers of llama_tiny, predicted in this process);
-the others are slow."""
+All are slow (the default suite predicts real SDP in test_memory_predict.py and a virtual pipeline in
+test_memory_predict_pipeline.py)."""
 
 import json
 
@@ -50,6 +50,7 @@ def test_prediction_equals_measurement(tmp_path, case):
     check_every_field(summary(tmp_path / "run"), predict(*STEPS, *args, config=config))
 
 
+@pytest.mark.slow  # 27 s on 2 cores; the default suite predicts real SDP (test_memory_predict) and a virtual pipeline
 def test_virtual_sdp_prediction_equals_measurement(tmp_path):
     """Two virtual workers of llama_tiny, one after another in one process: the process's memory (both
     subnetworks, their optimizer state, the larger of the two workers' saved activations)."""

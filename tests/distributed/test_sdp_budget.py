@@ -17,6 +17,8 @@ ARGS = ["--parallel.mode", "sdp", "--parallel.workers", "4", "--sdp.memory_budge
         "--eval.batches", "1", "--data.ood", "none", "--checkpoint.export", "false", "--checkpoint.final", "false"]
 
 
+@pytest.mark.slow  # 80 s on 2 cores (a prediction of every rank per search step); the search itself is
+# tested against a stand-in predictor in tests/unit/test_memory_budget_search.py
 def test_budgets_choose_keeps_and_predict_the_peak(tmp_path):
     run_train(tmp_path / "run", *ARGS)
     s = summary(tmp_path / "run")
