@@ -148,20 +148,27 @@ class BatchedSDP:
 
     @torch.no_grad()
     def average_grads(self) -> None:
-        """Holder averaging on the one copy: each gradient (a sum over its holders' rows) / its holder count."""
+        """Holder averaging on the one copy: each gradient (a sum over its holders' rows) / its holder count
+        (one fused multiply per distinct scalar; neuron-level tensors by their per-unit scale)."""
+        by_scale: dict[float, list[torch.Tensor]] = {}
         for p, s in self.scales:
-            if p.grad is not None:
+            if p.grad is None:
+                continue
+            if isinstance(s, torch.Tensor):
                 p.grad.mul_(s)
+            else:
+                by_scale.setdefault(s, []).append(p.grad)
+        for s, grads in by_scale.items():
+            torch._foreach_mul_(grads, s)
 
     @torch.no_grad()
     def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip by the norm of the averaged gradient (float64 sum of squares); returns that norm."""
+        """Clip by the norm of the averaged gradient (per-tensor norms, combined in float64); returns that norm."""
         grads = [p.grad for p, _ in self.scales if p.grad is not None]
-        norm = float(sum((g.double().pow(2).sum() for g in grads), torch.zeros((), dtype=torch.float64)).sqrt())
+        norms = torch.stack(torch._foreach_norm(grads)).double() if grads else torch.zeros(1, dtype=torch.float64)
+        norm = float(norms.pow(2).sum().sqrt())
         if max_norm > 0 and norm > max_norm:
-            scale = max_norm / (norm + 1e-6)
-            for g in grads:
-                g.mul_(scale)
+            torch._foreach_mul_(grads, max_norm / (norm + 1e-6))
         return norm
 
     # --------------------------------------------------------------- full model
