@@ -125,6 +125,10 @@ class SDPConfig:
     holder_shard: bool = False  # FSDP2-shard every block over its own holder group (its averaging is FSDP's)
     virtual: bool = False  # simulate the SDP workers one after another in one process (parallel.workers = 1)
     virtual_workers: int = 4  # sdp.virtual: the number N of simulated workers (the plan's world size)
+    # each block (or MLP unit group) runs on / takes gradients from its holders' rows only, gradients are divided
+    # by holder counts: equal to the sequential virtual run to rounding (not bit for bit), at about keep x a full
+    # step's cost; LLaMA only (no BatchNorm), backward regime with refresh_every = 1; full-model checkpoints
+    virtual_batched: bool = False  # sdp.virtual: all N workers on ONE model copy in one batched pass (sdp.batched)
 
 
 @dataclass

@@ -37,6 +37,8 @@ def validate_sdp(cfg: Config) -> None:
         raise ConfigError(f"sdp.bn_recalibrate must be >= 0 batches or -1 (auto), got {s.bn_recalibrate}")
     if s.virtual:
         _check_virtual(cfg)
+    if s.virtual_batched:
+        _check_batched(cfg)
     if s.fsdp < 1 or workers % s.fsdp:
         raise ConfigError(f"sdp.fsdp = {s.fsdp} must divide parallel.workers = {workers}")
     if s.fsdp > 1 and s.level != "block":
@@ -93,6 +95,21 @@ def _check_virtual(cfg: Config) -> None:
     if t.batch_size % (s.virtual_workers * t.grad_accum):
         raise ConfigError(f"train.batch_size = {t.batch_size} must be divisible by sdp.virtual_workers "
                           f"({s.virtual_workers}) x train.grad_accum ({t.grad_accum})")
+
+
+def _check_batched(cfg: Config) -> None:
+    """sdp.virtual_batched: one model copy for every simulated worker (slimpar.sdp.batched)."""
+    s = cfg.sdp
+    if not s.virtual:
+        raise ConfigError("sdp.virtual_batched = true batches the simulated workers of a virtual SDP run; add "
+                          "--sdp.virtual true --parallel.workers 1")
+    if cfg.model.arch != "llama":
+        raise ConfigError(f"sdp.virtual_batched supports --model.arch llama (got {cfg.model.arch}): a ResNet's "
+                          "BatchNorm statistics are each worker's own batch's; run --sdp.virtual_batched false")
+    if s.regime == "backward" and s.refresh_every != 1:
+        raise ConfigError(f"sdp.virtual_batched keeps one copy of every tensor, so non-holders' copies are never "
+                          f"stale: it equals the backward regime with --sdp.refresh_every 1 only (got "
+                          f"{s.refresh_every}); run --sdp.virtual_batched false for stale copies")
 
 
 def meta_model(cfg: Config):

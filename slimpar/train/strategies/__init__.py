@@ -17,6 +17,7 @@ _BUILDERS = {
     "fsdp": ("slimpar.train.strategies.base", "build_plain_strategy"),
     "sdp": ("slimpar.train.strategies.sdp", "build_sdp_strategy"),
     "sdp-virtual": ("slimpar.train.strategies.sdp_virtual", "build_virtual_sdp_strategy"),
+    "sdp-virtual-batched": ("slimpar.train.strategies.sdp_batched", "build_batched_virtual_sdp_strategy"),
     "pipeline": ("slimpar.train.strategies.pipeline", "build_pipeline_strategy"),
     "pipeline-virtual": ("slimpar.train.strategies.pipeline", "build_virtual_pipeline_strategy"),
     "pipeline-sdp": ("slimpar.train.strategies.hybrid", "build_hybrid_strategy"),
@@ -24,9 +25,11 @@ _BUILDERS = {
 
 
 def strategy_kind(cfg) -> str:
-    """Which strategy a config asks for: ``parallel.mode``, refined by ``sdp.virtual``, ``pipeline.virtual``
-    and ``pipeline.dp``."""
+    """Which strategy a config asks for: ``parallel.mode``, refined by ``sdp.virtual`` (and
+    ``sdp.virtual_batched``), ``pipeline.virtual`` and ``pipeline.dp``."""
     mode = cfg.parallel.mode
+    if mode == "sdp" and cfg.sdp.virtual and cfg.sdp.virtual_batched:
+        return "sdp-virtual-batched"
     if mode == "sdp" and cfg.sdp.virtual:
         return "sdp-virtual"
     if mode == "pipeline" and cfg.pipeline.virtual:

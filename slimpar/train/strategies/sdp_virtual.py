@@ -34,12 +34,14 @@ class VirtualSDPStrategy(SDPStrategy):
 
     def __init__(self, cfg, model: nn.Module, ctx):
         super().__init__(cfg, model, ctx)  # the plan over sdp.virtual_workers, then _wrap
-        # worker w's parameters as worker{w}.module.<name> (the trainer's one optimizer is over all of them)
-        self.model = nn.ModuleDict({f"worker{w}": nn.ModuleDict({"module": m})
-                                    for w, m in enumerate(self.wrapper.modules)})
+        self.model = self._container()
         self.module = self.model
         self.group = None  # one process: nothing to reduce
         self.dp_rank, self.dp_world = 0, self.plan.world_size
+
+    def _container(self) -> nn.Module:
+        """Worker w's parameters as worker{w}.module.<name> (the trainer's one optimizer is over all of them)."""
+        return nn.ModuleDict({f"worker{w}": nn.ModuleDict({"module": m}) for w, m in enumerate(self.wrapper.modules)})
 
     def _workers(self) -> int:
         return self.cfg.sdp.virtual_workers
@@ -98,9 +100,12 @@ class VirtualSDPStrategy(SDPStrategy):
 
     def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
         rows = [(name, value) for name, value in super().summary_rows(summary) if "(measured)" not in name]
+        return [("virtual SDP", self._how()), *rows]
+
+    def _how(self) -> str:
         n = self.plan.world_size
-        return [("virtual SDP", f"{n} workers simulated in one process: memory above is all {n} together, "
-                                "bytes are the plan's analytic count"), *rows]
+        return (f"{n} workers simulated in one process: memory above is all {n} together, bytes are the plan's "
+                "analytic count")
 
     def step_metrics(self) -> dict:
         return {"sdp_refresh_drift": self.wrapper.last_drift} if self.cfg.sdp.regime == "backward" else {}

@@ -1,0 +1,99 @@
+"""Virtual SDP in one batched pass (``sdp.virtual_batched = true``) behind the trainer's strategy interface.
+
+As ``sdp.virtual`` (:class:`~slimpar.train.strategies.sdp_virtual.VirtualSDPStrategy`: N = ``sdp.virtual_workers``
+simulated workers in one process, worker w reading the batch rank w of the N-process run reads), but on ONE copy
+of the full model with one optimizer (:class:`slimpar.sdp.batched.BatchedSDP`). Each micro-batch concatenates the
+N workers' batches worker-major and runs one forward and backward with every block (neuron level: every MLP's
+hidden units) routed to its holders' rows; the loss is Σ_w (worker w's mean loss) / ``train.grad_accum``;
+``after_backward`` divides each gradient by its holder count (shared parameters by N), which is the holder
+average of the real run; then the global clip norm and AdamW on the one copy. Nothing is refreshed (the backward
+regime equals ``refresh_every = 1``) and there are no replicas to check (``sdp.check_every`` is moot).
+
+Equal to the sequential virtual run (and so to the N-process run) to rounding, not bit for bit
+(tests/unit/test_sdp_batched.py). The logged loss is the mean of the N workers' losses. Evaluation and export
+use a plain copy of the one model (with ``sdp.eval_rescale``). Checkpoints are the full-model format of single,
+DDP and SDP runs (the model under its own names, AdamW's state by parameter name), so a batched run resumes a
+sequential virtual, real SDP, single or DDP checkpoint and each of them resumes a batched one. Activation
+checkpointing goes on after the routing (it recomputes the routed forward, so backward runs under the routing).
+Bytes are the plan's analytic count, as for ``sdp.virtual``; memory is that of one model copy and the activations
+of all N workers' rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from slimpar.parallel.ac import apply_ac, model_blocks
+from slimpar.sdp.batched import BatchedSDP
+from slimpar.train.build import loss_fn
+from slimpar.train.strategies.sdp_virtual import VirtualSDPStrategy
+
+
+class BatchedVirtualSDPStrategy(VirtualSDPStrategy):
+    def _wrap(self, model: nn.Module) -> BatchedSDP:
+        model.to(self.ctx.device)
+        batched = BatchedSDP(model, self.plan, regime=self.cfg.sdp.regime)
+        if self.cfg.train.activation_checkpointing:
+            apply_ac(model_blocks(model))
+        return batched
+
+    def _container(self) -> nn.Module:
+        return self.wrapper.model  # the one copy, under the full model's names
+
+    @property
+    def checkpoint_module(self):
+        """The full model itself: the format single, DDP and (virtual or real) SDP runs write and read."""
+        return self.model
+
+    def train_step(self, step: int, batch_fn, record=contextlib.nullcontext) -> float:
+        """Per micro-batch: the N workers' batches concatenated, one routed forward and backward."""
+        acc, n = self.cfg.train.grad_accum, self.plan.world_size
+        total = 0.0
+        for micro in range(acc):
+            xs, ys = [], []
+            for w in range(n):
+                self.dp_rank = w  # the trainer's batch_fn reads it: worker w's share of the global batch
+                x, y = batch_fn(step, micro)
+                xs.append(x)
+                ys.append(y)
+            self.dp_rank = 0
+            with self.wrapper.rows([len(x) for x in xs]):
+                with record(), self.autocast():
+                    logits = self.model(torch.cat(xs))
+                    losses = [loss_fn(out, y) for out, y in zip(logits.split(self.wrapper.counts), ys, strict=True)]
+                    loss = sum(losses) / acc
+                loss.backward()  # under the routing: activation checkpointing recomputes routed forwards
+            total += float(loss.detach()) / n
+        return total
+
+    def after_backward(self) -> None:
+        self.wrapper.average_grads()
+
+    def after_step(self) -> None:
+        self._full = None  # one copy: nothing to refresh
+
+    def end_of_step(self, step: int) -> None:
+        """One copy: no replicas to compare."""
+
+    def eval_module(self) -> nn.Module:
+        if self._full is None:
+            self._full = self.wrapper.full_model(self.ctx.device, self.cfg.sdp.eval_rescale)
+        return self._full
+
+    def extra_metrics(self) -> dict:
+        return {**super().extra_metrics(), "virtual_batched": True}
+
+    def _how(self) -> str:
+        n = self.plan.world_size
+        return (f"{n} workers simulated in one batched pass on one model copy: memory above is one copy and all "
+                f"{n} workers' activations, bytes are the plan's analytic count")
+
+
+def build_batched_virtual_sdp_strategy(cfg, model: nn.Module, ctx) -> BatchedVirtualSDPStrategy:
+    if ctx.group is not None and ctx.world > 1:
+        raise RuntimeError("sdp.virtual_batched = true simulates every worker in one process; run it with "
+                           "--parallel.workers 1")
+    return BatchedVirtualSDPStrategy(cfg, model, ctx)
