@@ -25,6 +25,7 @@ after every finished run, so an interrupted benchmark still leaves a report of w
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,7 @@ from pathlib import Path
 from slimpar.bench.mapl import ROWS as CODECS
 from slimpar.bench.quality_plots import plots
 from slimpar.bench.quality_report import aggregate, report_markdown, targets
-from slimpar.bench.report import metadata, write_json
+from slimpar.bench.report import metadata, run_commits, write_json
 from slimpar.bench.runner import Row, run_row, select_rows
 
 CONFIG = "configs/llama_quality.toml"
@@ -128,7 +129,8 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
                   steps: int = STEPS, report_only: bool = False) -> dict:
     """Run (or reuse) every selected run, ``jobs`` at a time, rewriting the report after each one.
 
-    ``report_only`` trains nothing: the report covers the finished runs and lists the others as not run."""
+    ``report_only`` trains nothing: the report covers the finished runs (their folders, or where a folder is
+    gone, the run as the committed results.json recorded it) and lists the others as not run."""
     todo = select_rows(quick_rows() if quick else rows(steps), only)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per run: ``jobs`` runs share the cores
@@ -137,7 +139,10 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     lock = threading.Lock()
     meta = metadata({"quick": quick, "jobs": jobs, "steps": steps})
     if report_only:
-        results = {r.key: run_row(r, out) for r in todo if (out / "runs" / r.key / "summary.json").exists()}
+        recorded = _recorded_runs(out)
+        results = {r.key: run_row(r, out) if (out / "runs" / r.key / "summary.json").exists()
+                   else recorded[(r.group, r.name, r.seed)] for r in todo
+                   if (out / "runs" / r.key / "summary.json").exists() or (r.group, r.name, r.seed) in recorded}
         return _write(out, todo, results, failed, meta)
 
     def one(row: Row) -> None:
@@ -164,8 +169,16 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     return data
 
 
+def _recorded_runs(out: Path) -> dict[tuple[str, str, int], dict]:
+    """The runs a committed results.json holds, by (group, row, seed): run folders are not committed."""
+    path = out / "results.json"
+    runs = json.loads(path.read_text()).get("runs", []) if path.exists() else []
+    return {(r["group"], r["row"], r["seed"]): r for r in runs}
+
+
 def _write(out: Path, todo: list[Row], results: dict[str, dict], failed: list[str], meta: dict) -> dict:
     done = [results[r.key] for r in todo if r.key in results]
+    meta["run_commits"] = run_commits(done)
     lines = aggregate(done)
     failed_keys = {f.split(" ")[0] for f in failed}
     pending = [r.key for r in todo if r.key not in results and r.key not in failed_keys]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from slimpar.bench.report import fmt, markdown_table
+from slimpar.bench.report import commits_note, fmt, markdown_table
 
 # each group's reference row
 BASELINE = {"sdp": "DDP", "mapl": "none", "mapl-deep": "none", "mapl-lr1e-3": "none", "resnet": "DDP"}
@@ -147,10 +147,11 @@ def _pm(mean, std, digits: int = 4, pct: bool = False) -> str:
 
 
 def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: list[str]) -> str:
-    out = [f"# slimpar bench quality\n\nMeasured {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
+    out = [f"# slimpar bench quality\n\nReport written {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
            f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. Each run is one `slimpar train` process on one "
            f"thread (virtual SDP / virtual pipeline); {meta.get('jobs', 1)} runs at a time. Values are mean ± sample "
-           "std over seeds; gaps are paired by seed (row_s / baseline_s − 1, then mean ± std).\n"]
+           "std over seeds; gaps are paired by seed (row_s / baseline_s − 1, then mean ± std).\n",
+           "\n" + commits_note(meta) if commits_note(meta) else ""]
     for group in dict.fromkeys(ln["group"] for ln in lines):
         mine = [ln for ln in lines if ln["group"] == group]
         params, s0 = n_params(group), mine[0]["steps"]
