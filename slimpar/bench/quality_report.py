@@ -147,10 +147,10 @@ def _pm(mean, std, digits: int = 4, pct: bool = False) -> str:
 
 
 def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: list[str]) -> str:
-    out = [f"# slimpar bench quality\n\nReport written {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
-           f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. Each run is one `slimpar train` process on one "
-           f"thread (virtual SDP / virtual pipeline); {meta.get('jobs', 1)} runs at a time. Values are mean ± sample "
-           "std over seeds; gaps are paired by seed (row_s / baseline_s − 1, then mean ± std).\n",
+    out = [f"# slimpar bench quality\n\nReport written {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), "
+           f"commit `{meta['git_commit']}`, torch {meta['versions']['torch']}. Each run is one `slimpar train` process "
+           f"on one thread (virtual SDP / virtual pipeline); {meta.get('jobs', 1)} runs at a time. Values are mean ± "
+           "sample std over seeds; gaps are paired by seed (row_s / baseline_s − 1, then mean ± std).\n",
            "\n" + commits_note(meta) if commits_note(meta) else ""]
     for group in dict.fromkeys(ln["group"] for ln in lines):
         mine = [ln for ln in lines if ln["group"] == group]
