@@ -177,3 +177,23 @@ def test_the_gap_during_training_is_plotted_only_where_it_was_evaluated_during_t
     plots(runs, quality_report.aggregate(runs), tmp_path)
     assert (tmp_path / "gap_vs_step_sdp.png").read_bytes()[:4] == b"\x89PNG"
     assert not (tmp_path / "gap_vs_step_mapl.png").exists() and (tmp_path / "curves_mapl.png").exists()
+
+
+def test_report_only_rebuilds_the_committed_report_from_results_json(tmp_path, monkeypatch):
+    """Run folders are not committed: --report-only takes the runs results.json recorded, gives the same
+    lines and targets, and names the commits the runs ran at."""
+    import json
+    import shutil
+
+    from slimpar.bench import quality
+    from tests.helpers import ROOT
+
+    shutil.copy(ROOT / "docs/results/quality/results.json", tmp_path / "results.json")
+    committed = json.loads((tmp_path / "results.json").read_text())
+    monkeypatch.setattr(quality, "plots", lambda *a, **k: None)  # the figures are not what this checks
+    data = quality.bench_quality(tmp_path, quick=False, report_only=True)
+    assert data["lines"] == committed["lines"] and data["targets"] == committed["targets"]
+    assert not data["pending"] and len(data["runs"]) == len(committed["runs"])
+    commits = {r["summary"]["git_commit"] for r in committed["runs"]}
+    assert set(data["meta"]["run_commits"]) == commits and len(commits) > 1
+    assert f"the rows ran on {len(commits)} commits" in (tmp_path / "report.md").read_text()
