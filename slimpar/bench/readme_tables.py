@@ -97,7 +97,7 @@ def mapl_table(src) -> str:
     for ln in src.data["lines"]:
         orth = ln.get("max_orth_error")
         gap = "—" if ln["row"] == "none" else fmt(ln.get("val_loss_gap"), pct=True)
-        spel = f"{100 * ln['spel_time_share']:.1f}%" if ln.get("spel_time_share") else "—"
+        spel = f"{100 * ln['spel_time_share']:.1f}%" if orth and ln.get("spel_time_share") is not None else "—"
         body.append([ln["row"], fmt(ln["val_loss"], 3), gap, fmt(ln.get("fwd_bytes_vs_none"), 3),
                      fmt(ln.get("bwd_bytes_vs_none"), 3), f"{orth:.1e}" if orth else "—", spel,
                      _ratio(ln.get("step_time"))])
