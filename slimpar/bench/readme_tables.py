@@ -132,12 +132,13 @@ def wallclock_table(src) -> str:
     rates = src.data["meta"]["rates_mbit"]
     rows: dict[str, dict] = {}
     for ln in src.data["lines"]:
-        rows.setdefault(ln["row"], {"bytes": ln["bytes_per_step"]})[ln["rate_mbit"]] = ln["step_time_s"]
+        rows.setdefault(ln["row"], {})[ln["rate_mbit"]] = ln["step_time_s"]
     body = []
     for row, times in rows.items():
-        fit = src.data["fits"].get(row, {})
+        fit = src.data["fits"].get(row, {})  # its bytes: the mean over the rates, as the report's
         pays = "reference" if row in REFERENCES else _pays(fit.get("crossover", {}))
-        body.append([row, f"{times['bytes']:,.0f}", *(fmt(times.get(r), 3) for r in rates), pays])
+        sent = f"{fit['bytes']:,.0f}" if fit.get("bytes") else "–"
+        body.append([row, sent, *(fmt(times.get(r), 3) for r in rates), pays])
     return markdown_table(["row", "inter-node bytes / step", *(f"{r:g} Mbit/s (s)" for r in rates),
                            "pays off against the reference"], body)
 
