@@ -86,7 +86,8 @@ def launch(cfg: Config, out_dir: Path) -> None:
 
     ``sdp.memory_budget`` is resolved first, here, before any process group exists (the prediction joins a
     fake one of its own): the workers run the chosen keeps (slimpar.train.memory_budget)."""
-    from slimpar.train.memory_budget import resolve_memory_budget, write_record
+    from slimpar.train.memory_budget import resolve_memory_budget
+    from slimpar.train.memory_budget_record import write_record
 
     run, budget = resolve_memory_budget(cfg)  # ConfigError (exit 2) before anything is written
     if under_torchrun():

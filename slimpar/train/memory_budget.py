@@ -6,8 +6,8 @@ one of its own; under torchrun every rank resolves the same keeps before it join
 prediction being a pure function of the config). It runs once there, not in every worker, and a budget that
 cannot be met stops the run with exit 2 before anything is written or started. The workers get the chosen
 keeps as ``sdp.keep_per_worker`` of the config they run; the run folder's ``config.toml`` keeps what was
-asked (the budget), and :data:`RECORD` holds what was chosen and predicted, which the summary reports next
-to the measured peaks.
+asked (the budget), and its ``memory_budget.json`` (memory_budget_record.py) what was chosen and predicted,
+which the summary reports next to the measured peaks.
 
 The search is ``slimpar.sdp.budget.keep_by_prediction``: start from the whole model, lower the keep of the
 workers over budget one step at a time, predict again; each prediction costs a build and
@@ -16,14 +16,10 @@ workers over budget one step at a time, predict again; each prediction costs a b
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
-from pathlib import Path
 
 from slimpar.config import Config, ConfigError
 from slimpar.sdp.components import PlanError
-
-RECORD = "memory_budget.json"  # in the run folder: budgets, chosen keeps, predicted peaks per worker and rank
 
 
 class BudgetPredictor:
@@ -60,7 +56,7 @@ def choose_keeps(cfg: Config, workers: int | None = None):
 
 def resolve_memory_budget(cfg: Config) -> tuple[Config, dict | None]:
     """The config the workers run (``sdp.keep_per_worker`` = the chosen keeps) and the record for
-    :data:`RECORD`; ``cfg`` itself and None without a memory budget (or outside SDP)."""
+    the run folder's ``memory_budget.json``; ``cfg`` itself and None without a memory budget (or outside SDP)."""
     if cfg.parallel.mode != "sdp" or not cfg.sdp.memory_budget:
         return cfg, None
     plan, predictor = choose_keeps(cfg)
@@ -72,17 +68,3 @@ def resolve_memory_budget(cfg: Config) -> tuple[Config, dict | None]:
     record = {**memory.as_dict(), "keeps": keeps, "predicted_per_rank": records,
               "searched": [c[0] for c in predictor.calls]}
     return replace(cfg, sdp=replace(cfg.sdp, keep_per_worker=keeps)), record
-
-
-def write_record(out_dir: Path, record: dict | None) -> None:
-    """:data:`RECORD` in the run folder (removed when this run has no budget: no stale promise)."""
-    path = Path(out_dir) / RECORD
-    if record is None:
-        path.unlink(missing_ok=True)
-    else:
-        path.write_text(json.dumps(record, indent=2))
-
-
-def read_record(out_dir: Path) -> dict | None:
-    path = Path(out_dir) / RECORD
-    return json.loads(path.read_text()) if path.is_file() else None

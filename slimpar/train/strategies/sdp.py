@@ -294,7 +294,7 @@ def _launcher_prediction(out_dir):
     from dataclasses import fields
 
     from slimpar.sdp.budget import MemoryPrediction
-    from slimpar.train.memory_budget import read_record
+    from slimpar.train.memory_budget_record import read_record
 
     record = read_record(out_dir)
     if record is None:
