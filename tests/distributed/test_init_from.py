@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 from transformers import LlamaConfig as HFConfig
 from transformers import LlamaForCausalLM
@@ -31,6 +32,7 @@ def test_model_starts_from_the_folder_with_equal_logits(tmp_path):
     assert model.cfg.n_layers == 2  # the folder's shape, not model.size = tiny's 4 blocks
 
 
+@pytest.mark.slow  # 60 s on 2 cores; the default suite keeps the folder's model and logits (the test above)
 def test_training_from_a_folder_and_its_errors(tmp_path):
     _hf_folder(tmp_path / "hf", vocab=5000)
     out = tmp_path / "run"

@@ -35,6 +35,8 @@ def test_export_loads_and_evaluates(tiny_run):
     assert all(torch.isfinite(v).all() for v in state.values())
 
 
+@pytest.mark.slow  # 74 s on 2 cores; SDP's bitwise resume stays in the default suite through
+# test_fault_injection.py (a killed SDP worker under torchrun resumes bitwise) and test_sdp_virtual_resume.py
 def test_sdp_resume_continues_exactly(tmp_path):
     """Workers hold different subnetworks, so their optimizers have different parameters: each
     rank's state must come back to that rank (optimizer state keyed by parameter name)."""
