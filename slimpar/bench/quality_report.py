@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from slimpar.bench.report import commits_note, fmt, markdown_table
+from slimpar.bench.report import commits_note, fmt, markdown_table, pm
 
 # each group's reference row
 BASELINE = {"sdp": "DDP", "mapl": "none", "mapl-deep": "none", "mapl-lr1e-3": "none", "resnet": "DDP"}
@@ -139,11 +139,7 @@ def n_params(group: str) -> int | None:
 
 
 def _pm(mean, std, digits: int = 4, pct: bool = False) -> str:
-    if mean is None:
-        return "–"
-    if pct:
-        return f"{100 * mean:+.2f}%" + (f" ± {100 * std:.2f}" if std is not None else "")
-    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+    return pm(mean, std, 2 if pct else digits, pct)
 
 
 def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: list[str]) -> str:

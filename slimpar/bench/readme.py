@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from slimpar.bench.report import pm
+
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN = "<!-- generated {name}: slimpar bench readme writes this block from docs/readme/{name}.md -->"
 END = "<!-- end generated {name} -->"
@@ -107,12 +109,6 @@ def measured_line(src: Source) -> str:
             "rows measured at different commits may differ by the changes between them.*")
 
 
-def _pm(ln: dict, field: str, scale: float, digits: int, pct: bool) -> str:
-    mean, std = ln.get(field), ln.get(f"{field}_std")
-    if mean is None:
-        return "–"
-    head = f"{scale * mean:+.{digits}f}%" if pct else f"{scale * mean:.{digits}f}"
-    return head + (f" ± {scale * std:.{digits}f}" if std is not None else "")
 
 
 # FORMAT = a kind and a number of decimals: f2 -> 0.60, pct1 -> +9.6% (a fraction), chg0 -> -40% (a ratio
@@ -129,7 +125,7 @@ def format_value(ln: dict, field: str, spec: str) -> str:
         raise ReadmeError(f"format {spec!r}: one of f/pct/chg/pm/pmpct followed by 0-4 decimals, or mib, mb, gb, int")
     kind, d = m["kind"], int(m["digits"] or 0)
     if kind in ("pm", "pmpct"):
-        return _pm(ln, field, 100 if kind == "pmpct" else 1, d, kind == "pmpct")
+        return pm(ln.get(field), ln.get(f"{field}_std"), d, kind == "pmpct")
     v = _get(ln, field)
     return {"f": lambda: f"{v:.{d}f}", "pct": lambda: f"{100 * v:+.{d}f}%", "chg": lambda: f"{100 * (v - 1):+.{d}f}%",
             "mib": lambda: f"{v / 2**20:.1f} MiB", "mb": lambda: f"{v / 1e6:.2f} MB", "gb": lambda: f"{v / 1e9:.1f} GB",

@@ -6,14 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from slimpar.bench.report import fmt, markdown_table
-
-
-def _pm(mean, std, digits: int = 3, pct: bool = False) -> str:
-    if mean is None:
-        return "–"
-    scale = 100 if pct else 1
-    head = f"{scale * mean:+.{digits}f}%" if pct else f"{mean:.{digits}f}"
-    return head + (f" ± {scale * std:.{digits}f}" if std is not None else "")
+from slimpar.bench.report import pm as _pm
 
 
 def _group(src, group: str) -> list[dict]:

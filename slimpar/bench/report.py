@@ -25,6 +25,15 @@ def mean_spread(values: list[float | None]) -> tuple[float | None, float | None]
     return statistics.fmean(vals), (statistics.pstdev(vals) if len(vals) > 1 else None)
 
 
+def pm(mean, std, digits: int = 3, pct: bool = False) -> str:
+    """'3.570 ± 0.026', or with ``pct`` a fraction as '+9.6% ± 0.7'; '–' without a mean."""
+    if mean is None:
+        return "–"
+    scale = 100 if pct else 1
+    head = f"{scale * mean:+.{digits}f}%" if pct else f"{mean:.{digits}f}"
+    return head + (f" ± {scale * std:.{digits}f}" if std is not None else "")
+
+
 def fmt(v, digits: int = 3, pct: bool = False) -> str:
     if v is None:
         return "–"

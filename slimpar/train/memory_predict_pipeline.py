@@ -82,13 +82,21 @@ class ValueSizes(TorchDispatchMode):
                 dim: int | None = None, **_) -> tuple[torch.Tensor, ...]:
         """(values, inverse, counts) with min(numel, ``distinct``) values."""
         if dim is not None:
-            raise NotImplementedError("memory prediction: unique over a dimension has no stand-in")
+            raise UnpredictableOp("torch.unique over a dimension: its size depends on the values")
         t, u = self_, min(self_.numel(), self.distinct)
         values = torch.empty((u,), dtype=t.dtype, device=t.device)
         inverse = _maybe(return_inverse, t.shape, t.device)
         if name == "aten::_unique":
             return values, inverse
         return values, inverse, _maybe(return_counts, (u,), t.device)
+
+
+class UnpredictableOp(RuntimeError):
+    """An op whose output size depends on tensor values the prediction does not have, and for which no
+    worst-case or exact size is known: the prediction stops and says which op, rather than guess."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"memory prediction: {what}; this run's memory cannot be predicted without running it")
 
 
 def _bound(func, args, kwargs) -> dict:
@@ -104,7 +112,7 @@ def _bound(func, args, kwargs) -> dict:
 def _bincount(self_: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
     """``minlength`` bins: the size whenever every value is below it (RVQ's codes are below K)."""
     if minlength <= 0:
-        raise NotImplementedError("memory prediction: bincount needs a minlength (its size is max(t) + 1)")
+        raise UnpredictableOp("torch.bincount without minlength: its size is max(values) + 1")
     return torch.empty((minlength,), dtype=torch.long if weights is None else weights.dtype, device=self_.device)
 
 
@@ -117,7 +125,7 @@ def _all_true(index: torch.Tensor | None):
     if index is None or index.dtype != torch.bool:
         return index
     if index.dim() != 1:
-        raise NotImplementedError("memory prediction: indexing by a multi-dimensional mask has no stand-in")
+        raise UnpredictableOp("indexing by a multi-dimensional boolean mask: its size depends on the values")
     return torch.empty((index.numel(),), dtype=torch.long, device=index.device)
 
 
