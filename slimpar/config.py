@@ -138,6 +138,9 @@ class RVQConfig:
     decay: float = 0.99  # EMA decay of the codebooks
     commitment: float = 0.25  # commitment-loss weight
     sync_every: int = 50  # send the full codebook every N steps (changed rows are sent every step)
+    # apply the codebook EMA once every N steps, over all their microbatches; 0 = after every microbatch (the
+    # behaviour before issue 20: the codebook rows then dominated a 16x boundary's forward bytes)
+    update_every: int = 1
     dead_threshold: float = 1.0  # re-seed an unused code whose EMA count is below this x the mean count
 
 

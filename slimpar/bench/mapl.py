@@ -70,6 +70,11 @@ ROWS.update({  # projector ablations; "frozen" rows get N = steps // 10 in rows(
     "MAPL 16x + all changes (no RVQ)": _codec("mapl", 16, *ALL_CHANGES),
     "MAPL 16x + RVQ + all changes - commitment": _codec("mapl", 16, *RVQ, *ALL_CHANGES,
                                                            "--pipeline.rvq.commitment", "0"),
+    # how often the codebook EMA is applied (issue 20, item 6): each update's rows travel, so rarer updates
+    # send fewer bytes; "every microbatch" is the behaviour before the update window existed
+    "MAPL 16x + RVQ (EMA every microbatch)": _codec("mapl", 16, *RVQ, "--pipeline.rvq.update_every", "0"),
+    "MAPL 16x + RVQ (EMA every 2 steps)": _codec("mapl", 16, *RVQ, "--pipeline.rvq.update_every", "2"),
+    "MAPL 16x + RVQ (EMA every 4 steps)": _codec("mapl", 16, *RVQ, "--pipeline.rvq.update_every", "4"),
 })
 # the quick version checks the harness end to end; every codec's byte count is also checked in the unit tests
 QUICK = ("none", "MAPL 4x", "MAPL 16x + RVQ")

@@ -17,6 +17,8 @@ Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8
 - ``mapl-deep``: the all-boundary variant closer to the paper: 8 blocks, 2 per stage.
 - ``mapl-lr1e-3``: the main pipeline comparisons again at learning rate 1e-3 instead of 2e-3.
 - ``resnet``: ResNet-18 at width 16 on Fashion-MNIST for 3 epochs (width 64 takes 2.7 s a step here).
+- ``rvq-update`` (opt-in: runs only when ``--rows`` names it): MAPL 16x + RVQ with the codebook EMA applied
+  every microbatch, every 2 and every 4 steps, for RVQ's bytes against its quality (issue 20, item 6).
 
 Rows are resumable twice over: a finished row's ``summary.json`` is reused, and an interrupted run
 resumes from its last checkpoint (every 500 steps). The report, the JSON and the plots are rewritten
@@ -64,6 +66,10 @@ MAPL_ABLATIONS = ("MAPL 4x + PCA init", "MAPL 4x + own SPEL schedule", "MAPL 4x 
                   "MAPL 4x + zero anchors", "MAPL 4x + PCA + frozen after N", "MAPL 16x (no RVQ)",
                   "MAPL 8x + all changes", "MAPL 16x + RVQ + all changes", "MAPL 16x + all changes (no RVQ)",
                   "MAPL 16x + RVQ + all changes - commitment")
+# how often RVQ's codebook EMA is applied (issue 20, item 6): bytes against quality. With one microbatch a step
+# "every microbatch" is every step, the behaviour before the update window existed
+RVQ_UPDATE = ("MAPL 16x + RVQ (EMA every microbatch)", "MAPL 16x + RVQ (EMA every 2 steps)",
+              "MAPL 16x + RVQ (EMA every 4 steps)")
 DEEP = ("none", "SSN 4x", "MAPL 4x", "MAPL 4x + all changes")
 # the main comparisons again at half the learning rate: 2e-3 is too high for the most compressed rows
 # (docs/results/quality/diagnostics), so this group tests whether the rows' order depends on it
@@ -82,6 +88,7 @@ RESNET_ROWS = {
                   "--sdp.bn_recalibrate", "20"],
 }
 GROUPS = ("mapl", "sdp", "mapl-ablations", "mapl-deep", "mapl-lr1e-3", "resnet")
+OPT_IN = ("rvq-update",)  # studies that run only when --rows names them: the default set keeps its hours
 
 
 def _codec(name: str, steps: int) -> list[str]:
@@ -107,6 +114,8 @@ def rows(steps: int = STEPS, seeds: tuple[int, ...] = SEEDS, groups: tuple[str, 
         plan += [("mapl", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps)]) for n in MAPL_ABLATIONS]
     if "mapl-deep" in groups:
         plan += [("mapl-deep", n, ["--model.n_layers", "8", *PIPE, *_codec(n, steps)]) for n in DEEP]
+    if "rvq-update" in groups:
+        plan += [("rvq-update", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps)]) for n in RVQ_UPDATE]
     if "mapl-lr1e-3" in groups:
         plan += [("mapl-lr1e-3", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps), "--train.lr", "1e-3"])
                  for n in HALF_LR]
@@ -131,7 +140,8 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
 
     ``report_only`` trains nothing: the report covers the finished runs (their folders, or where a folder is
     gone, the run as the committed results.json recorded it) and lists the others as not run."""
-    todo = select_rows(quick_rows() if quick else rows(steps), only)
+    opt_in = tuple(g for g in OPT_IN if any(o == g or o.startswith(f"{g}/") for o in only or ()))
+    todo = select_rows(quick_rows() if quick else rows(steps, groups=GROUPS + opt_in), only)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per run: ``jobs`` runs share the cores
     results: dict[str, dict] = {}

@@ -74,6 +74,12 @@ def sdp_table(group: str) -> Callable:
     return table
 
 
+def virtual_table(src) -> str:
+    """``slimpar bench sdp``'s virtual group: what a step of virtual SDP costs against DDP in one process."""
+    body = [[ln["row"], fmt(ln["step_time_s"], 3), _ratio(ln.get("step_time"))] for ln in _group(src, "virtual")]
+    return markdown_table(["run (one process, 4 simulated workers)", "step time (s)", "× DDP, median [range]"], body)
+
+
 def _mib(b) -> str:
     return "–" if b is None else f"{b / 2**20:.1f} MiB"
 
@@ -149,6 +155,7 @@ TABLES: dict[str, Callable] = {
     "quality:targets": quality_targets,
     "sdp:llama": sdp_table("llama"),
     "sdp:resnet": sdp_table("resnet"),
+    "sdp:virtual": virtual_table,
     "mapl:main": mapl_table,
     "memory:paper": memory_table,
     "wallclock:main": wallclock_table,

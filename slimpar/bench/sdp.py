@@ -3,7 +3,8 @@
 Rows follow the claim tables of METHODS.md Part 1: block (B-SDP) and neuron (N-SDP) subnetworks with
 forward masking, block subnetworks with backward masking (Bb-SDP), SDP with activation
 checkpointing and with FSDP2; iteration-matched and FLOP-matched (1/keep more steps); two seeds for
-the main rows. Every number comes from the rows' own ``summary.json``.
+the main rows. The ``virtual`` group times virtual SDP (one process, the quality benchmark's config)
+against DDP, one worker after another and batched. Every number comes from the rows' own ``summary.json``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from slimpar.bench.runner import Row, run_rows, select_rows
 from slimpar.bench.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
 
 LLAMA, RESNET, TINY = "configs/llama_small.toml", "configs/resnet18_fmnist.toml", "configs/llama_tiny.toml"
+QUALITY = "configs/llama_quality.toml"
 SDP = ["--parallel.mode", "sdp"]
 AC = ["--train.activation_checkpointing", "true"]
 
@@ -57,6 +59,17 @@ def resnet_rows(steps: int) -> list[Row]:
             "Bb-SDP 0.5": _sdp("block", 0.5, "backward"), "B-SDP 0.5 + BN recal": _sdp("block", 0.5, extra=recal),
             "N-SDP 0.5 + BN recal": _sdp("neuron", 0.5, extra=recal)}
     return [Row(n, RESNET, base + o, "resnet") for n, o in rows.items()]
+
+
+def virtual_rows(steps: int) -> list[Row]:
+    """What a step of virtual SDP costs against DDP in one process (issue 20, item 2), on ``bench quality``'s
+    config: 4 simulated workers run one after another, or batched in one pass over one model copy."""
+    virtual = [*SDP, "--sdp.virtual", "true", "--sdp.virtual_workers", "4", "--sdp.level", "block",
+               "--sdp.keep", "0.5"]
+    rows = {"DDP": [], "virtual B-SDP 0.5": virtual,
+            "virtual B-SDP 0.5 batched": [*virtual, "--sdp.virtual_batched", "true"]}
+    base = ["--model.n_layers", "8", "--train.steps", str(steps)]
+    return [Row(n, QUALITY, base + o, "virtual") for n, o in rows.items()]
 
 
 def quick_rows() -> list[Row]:
@@ -144,10 +157,12 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
                      fmt(ln["step_time_s"], 3), ratio_cell(ln.get("step_time")), fmt(ln["spectral_gap"], 3)])
     head = (f"# slimpar bench sdp\n\nMeasured {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
             f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. Every row is a `slimpar train` run with "
-            "4 local gloo workers on this machine, measured side by side in one benchmark run.\n\n")
+            "4 local gloo workers on this machine (the virtual group's: one process simulating them), measured side "
+            "by side in one benchmark run.\n\n")
     timing = timing_note(meta["timing"], meta["timing_rounds"]) if meta.get("timing") else ""
-    if timing and len({ln["group"] for ln in lines}) > 1:
-        timing += f"The timing rounds ran for the {lines[0]['group']} rows only; the others show one run's ratio.\n"
+    untimed = sorted({ln["group"] for ln in lines} - {lines[0]["group"], "virtual"})
+    if timing and untimed:
+        timing += f"The timing rounds did not run for the {', '.join(untimed)} rows: they show one run's ratio.\n"
     cmds = "\n".join(f"- {ln['row']} ({ln['group']}): `{ln['command']}`" for ln in lines)
     table = markdown_table(headers, rows)
     return head + commits_note(meta) + table + BYTES_NOTE + timing + "\nCommands:\n\n" + cmds + "\n"
@@ -159,12 +174,14 @@ def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = 
     then DDP and B-SDP 0.5 over throttled links unless ``links`` is False."""
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
-    rows = quick_rows() if quick else llama_rows(LLAMA, steps, seeds) + resnet_rows(steps)
+    rows = quick_rows() if quick else llama_rows(LLAMA, steps, seeds) + resnet_rows(steps) + virtual_rows(steps)
     rows = select_rows(rows, only)
     out.mkdir(parents=True, exist_ok=True)
     results = run_rows(rows, out, jobs)
-    # timing rounds for the first group only (the LLaMA rows whose step times the README compares)
-    timings = timing_rounds([r for r in rows if r.seed == seeds[0] and r.group == rows[0].group], rounds, out)
+    # timing rounds for the first group (the LLaMA rows whose step times the README compares) and for virtual
+    # SDP's cost
+    timed = (rows[0].group, "virtual")
+    timings = timing_rounds([r for r in rows if r.seed == seeds[0] and r.group in timed], rounds, out)
     ratios = step_time_ratios(results, timings, "DDP")
     lines = aggregate(results)
     for ln in lines:

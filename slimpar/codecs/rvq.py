@@ -22,12 +22,19 @@ Codebook learning, on the sender only, in training mode:
   (decay 0.99, 512 tokens a step), and the last boundary of a 4-stage pipeline collapsed to 1-2 codes
   per batch: the model stalled at unigram loss (issue 10's long-regime benchmark).
 
-Update timing. The statistics of training batch t are applied at the start of training forward t+1
-(or by ``apply_pending_update()``). So after a forward the codebook is exactly the one that produced
-its indices, ``version`` names it, and a sync message built after the forward (codebook_sync.py) lets
-the receiver decode that batch. ``version`` increases by one whenever the codebook changes (init, EMA
-update, replacement); ``changed_mask`` / ``changed_rows`` give the rows of the latest change. Do not
-wrap this module in activation checkpointing: a recomputed forward would update the codebook twice.
+Update timing. Training forwards add their statistics to a pending window; once ``update_every``
+forwards are pending, the next training forward first applies them as one EMA step (or
+``apply_pending_update()`` does). With n forwards in the window the step is N_k ← γⁿ N_k +
+(1−γⁿ)/n · Σ n_k (S_k alike): the EMA keeps its time constant in forwards, and the counts stay on the
+scale of one forward's, so ``dead_threshold`` means the same for every n; n = 1 is the plain EMA above.
+So after a forward the codebook is exactly the one that produced its indices, ``version`` names it,
+and a sync message built after the forward (codebook_sync.py) lets the receiver decode that batch.
+Between updates the codebook does not change and its sync messages are header-only: updating once
+per n forwards divides the codebook rows on the wire by about n (issue 20: with one update per
+microbatch the codebook rows were 3/4 of a 16x + RVQ boundary's forward bytes). ``version``
+increases by one whenever the codebook changes (init, EMA update, replacement); ``changed_mask`` /
+``changed_rows`` give the rows of the latest change. Do not wrap this module in activation
+checkpointing: a recomputed forward would count its batch twice.
 
 Why not vector-quantize-pytorch: its codebook synchronisation (EMA statistics, k-means init, dead-code
 sampling) all-reduces / broadcasts on the WORLD group by default, while a pipeline boundary needs
@@ -101,6 +108,7 @@ class ResidualVQ(nn.Module):
         kmeans_iters: int = 10,
         seed: int = 0,
         eps: float = 1e-6,
+        update_every: int = 1,
     ):
         super().__init__()
         if dim < 1 or levels < 1 or codebook_size < 2:
@@ -111,14 +119,17 @@ class ResidualVQ(nn.Module):
             raise ValueError(f"decay must lie in [0, 1), got {decay}")
         if kmeans_iters < 1 or dead_threshold < 0:
             raise ValueError("kmeans_iters must be >= 1 and dead_threshold >= 0")
+        if update_every < 1:
+            raise ValueError(f"update_every must be >= 1 training forwards, got {update_every}")
         self.dim, self.levels, self.codebook_size = dim, levels, codebook_size
         self.decay, self.commitment, self.dead_threshold = decay, commitment, dead_threshold
         self.kmeans_iters, self.seed, self.eps = kmeans_iters, seed, eps
+        self.update_every = update_every
         shape = (levels, codebook_size)
         self.register_buffer("codebooks", torch.zeros(*shape, dim))  # (Q, K, D)
         self.register_buffer("cluster_size", torch.zeros(*shape))  # (Q, K) EMA counts N_k
         self.register_buffer("embed_sum", torch.zeros(*shape, dim))  # (Q, K, D) EMA sums S_k
-        # Statistics of the last training batch, applied at the next training forward.
+        # Statistics of the pending window's training forwards, applied as one EMA step.
         self.register_buffer("pending_counts", torch.zeros(*shape))  # (Q, K)
         self.register_buffer("pending_sums", torch.zeros(*shape, dim))  # (Q, K, D)
         self.register_buffer("pending_pool", torch.zeros(*shape, dim))  # (Q, K, D) dead-code candidates
@@ -126,7 +137,7 @@ class ResidualVQ(nn.Module):
         self.version = 0  # bumped on every codebook change
         self.steps = 0  # training forwards seen; seeds the generators
         self.initialized = False
-        self.has_pending = False
+        self.pending_forwards = 0  # training forwards whose statistics wait in the pending buffers
 
     # -- public API -------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -138,7 +149,7 @@ class ResidualVQ(nn.Module):
             with torch.no_grad():
                 if not self.initialized:
                     self.init_codebooks(flat)
-                else:
+                elif self.pending_forwards >= self.update_every:
                     self.apply_pending_update()
         elif not self.initialized:
             raise RuntimeError("ResidualVQ is not initialised: run a training forward or init_codebooks()")
@@ -167,7 +178,7 @@ class ResidualVQ(nn.Module):
             self.cluster_size[q].copy_(counts)
             self.embed_sum[q].copy_(sums)
             residual -= centroids[nearest_code(residual, centroids)]
-        self.initialized, self.has_pending = True, False
+        self.initialized, self.pending_forwards = True, 0
         self._mark_changed(torch.ones_like(self.changed))
 
     @torch.no_grad()
@@ -176,22 +187,27 @@ class ResidualVQ(nn.Module):
         self.codebooks.copy_(codebooks)
         self.cluster_size.copy_(torch.ones_like(self.cluster_size) if cluster_size is None else cluster_size)
         self.embed_sum.copy_(self.codebooks * self.cluster_size[..., None])
-        self.initialized, self.has_pending = True, False
+        self.initialized, self.pending_forwards = True, 0
         self._mark_changed(torch.ones_like(self.changed))
 
     @torch.no_grad()
     def apply_pending_update(self) -> bool:
-        """Apply the EMA update and dead-code replacement of the last training batch; True if rows changed."""
-        if not self.has_pending:
+        """Apply the pending window's EMA update and dead-code replacement; True if rows changed."""
+        if not self.pending_forwards:
             return False
         changed = torch.zeros_like(self.changed)  # (Q, K)
         for q in range(self.levels):
-            changed[q] = self._ema_level(q)
-        self.has_pending = False
+            changed[q] = self._ema_level(q, self.pending_forwards)
+        self.pending_forwards = 0
         if bool(changed.any()):
             self._mark_changed(changed)
             return True
         return False
+
+    @property
+    def has_pending(self) -> bool:
+        """True while training statistics wait to be applied."""
+        return self.pending_forwards > 0
 
     @property
     def changed_mask(self) -> torch.Tensor:
@@ -207,17 +223,20 @@ class ResidualVQ(nn.Module):
             "version": self.version,
             "steps": self.steps,
             "initialized": self.initialized,
-            "has_pending": self.has_pending,
+            "pending_forwards": self.pending_forwards,
         }
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.version, self.steps = int(state["version"]), int(state["steps"])
-        self.initialized, self.has_pending = bool(state["initialized"]), bool(state["has_pending"])
+        self.initialized = bool(state["initialized"])
+        # checkpoints written before update_every held one pending batch at most: "has_pending"
+        self.pending_forwards = int(state.get("pending_forwards", bool(state.get("has_pending", False))))
 
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, levels={self.levels}, codebook_size={self.codebook_size}, decay={self.decay}, "
-            f"commitment={self.commitment}, dead_threshold={self.dead_threshold}, seed={self.seed}"
+            f"commitment={self.commitment}, dead_threshold={self.dead_threshold}, seed={self.seed}, "
+            f"update_every={self.update_every}"
         )
 
     # -- internals --------------------------------------------------------------------------------
@@ -231,25 +250,30 @@ class ResidualVQ(nn.Module):
             if collect:
                 self._collect(q, residual, i)
             residual = residual - self.codebooks[q].index_select(0, i)
-        self.has_pending = self.has_pending or collect
+        self.pending_forwards += int(collect)
         return idx
 
     def _collect(self, q: int, residual: torch.Tensor, assign: torch.Tensor) -> None:
-        """Batch counts n_k, sums s_k and K random candidate residuals for level q."""
+        """Add the batch counts n_k and sums s_k of level q to the window; keep K random candidate residuals."""
         n, k = residual.shape[0], self.codebook_size
-        self.pending_counts[q].copy_(torch.bincount(assign, minlength=k).float())
-        self.pending_sums[q].zero_().index_add_(0, assign, residual)
+        if not self.pending_forwards:  # the first forward of a window
+            self.pending_counts[q].zero_()
+            self.pending_sums[q].zero_()
+        self.pending_counts[q].add_(torch.bincount(assign, minlength=k).float())
+        self.pending_sums[q].index_add_(0, assign, residual)
         if n == 0:
             return
         gen = self._generator(_POOL_PURPOSE + q)
         pick = torch.randperm(n, generator=gen)[:k] if n >= k else torch.randint(n, (k,), generator=gen)
         self.pending_pool[q].copy_(residual[pick.to(residual.device)])
 
-    def _ema_level(self, q: int) -> torch.Tensor:
-        """EMA update of level q from the pending statistics, then dead-code replacement; (K,) changed."""
-        counts = self.pending_counts[q]  # (K,)
-        size = self.cluster_size[q].mul_(self.decay).add_(counts, alpha=1.0 - self.decay)  # (K,)
-        sums = self.embed_sum[q].mul_(self.decay).add_(self.pending_sums[q], alpha=1.0 - self.decay)  # (K, D)
+    def _ema_level(self, q: int, n: int) -> torch.Tensor:
+        """EMA step of level q over a window of n forwards, then dead-code replacement; (K,) changed."""
+        counts = self.pending_counts[q]  # (K,) summed over the window
+        decay = self.decay**n
+        weight = (1.0 - decay) / n
+        size = self.cluster_size[q].mul_(decay).add_(counts, alpha=weight)  # (K,)
+        sums = self.embed_sum[q].mul_(decay).add_(self.pending_sums[q], alpha=weight)  # (K, D)
         used = counts > 0
         self.codebooks[q][used] = sums[used] / size[used].clamp_min(self.eps)[:, None]
         mean_size = size.sum() / self.codebook_size

@@ -115,7 +115,8 @@ class BoundaryEncoder(_Half):
         if spec.rvq is not None:
             q = spec.rvq
             self.rvq = ResidualVQ(spec.rank, q.levels, q.codebook, q.decay, q.commitment,
-                                  dead_threshold=q.dead_threshold, seed=spec.seed * 1009 + spec.boundary)
+                                  dead_threshold=q.dead_threshold, seed=spec.seed * 1009 + spec.boundary,
+                                  update_every=max(1, q.update_every * spec.microbatches))
             self.codebook = CodebookSender(self.rvq, full_every=q.sync_every * spec.microbatches)
         self.outbox: dict[int, Message] = {}
         self.messages = 0  # training messages sent: paces the full codebook pushes

@@ -35,6 +35,7 @@ PIPELINE_RANGES: dict[str, Range] = {
     "pipeline.rvq.decay": Range(0, 1, hi_open=True, why="EMA decay of the codebooks"),
     "pipeline.rvq.commitment": Range(0), "pipeline.rvq.sync_every": Range(0),
     "pipeline.rvq.dead_threshold": Range(0, why="0 = never re-seed unused codes"),
+    "pipeline.rvq.update_every": Range(0, why="0 = update the codebook after every microbatch"),
 }
 
 

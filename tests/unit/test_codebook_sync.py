@@ -26,8 +26,8 @@ def layout_bytes(msg: SyncMessage) -> int:
     return 4 * 8 + (2 * n if msg.kind == "delta" else 0) + 4 * n * DIM
 
 
-def run(steps: int, full_every: int, skip: int | None = None):
-    rvq = ResidualVQ(DIM, LEVELS, K, decay=0.8, dead_threshold=0.2, seed=3).train()
+def run(steps: int, full_every: int, skip: int | None = None, update_every: int = 1):
+    rvq = ResidualVQ(DIM, LEVELS, K, decay=0.8, dead_threshold=0.2, seed=3, update_every=update_every).train()
     sender, receiver = CodebookSender(rvq, full_every), CodebookReceiver(DIM, LEVELS, K)
     previous = torch.zeros(LEVELS * K, DIM)
     for step in range(steps):
@@ -59,6 +59,13 @@ def test_receiver_tracks_sender_exactly():
     assert [kinds[s] for s in (0, 5, 10)] == ["full"] * 3
     assert set(kinds[1:5] + kinds[6:10]) == {"delta"}
     assert total > 0
+
+
+def test_windowed_updates_send_headers_between_deltas():
+    """update_every = 3: the codebook changes at forwards 0 (k-means), 3, 6, 9; the messages between are
+    header-only and the receiver still decodes every forward bit for bit (``run`` asserts it)."""
+    kinds = [msg.kind for _, _, msg, *_ in run(steps=10, full_every=0, update_every=3)]
+    assert kinds == ["full", "none", "none", "delta", "none", "none", "delta", "none", "none", "delta"]
 
 
 def test_no_change_sends_header_only():

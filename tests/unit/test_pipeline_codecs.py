@@ -120,8 +120,9 @@ def test_gradient_wire_formats() -> None:
 
 
 def test_rvq_receiver_decodes_the_senders_codes_after_codebook_updates() -> None:
-    """Six training forwards (EMA updates, dead codes, full pushes every 2 steps of 2 microbatches)."""
-    q = RVQSpec(levels=2, codebook=16, decay=0.8, commitment=0.25, sync_every=2)
+    """Six training forwards (EMA updates after every microbatch, dead codes, full pushes every 2 steps of 2
+    microbatches)."""
+    q = RVQSpec(levels=2, codebook=16, decay=0.8, commitment=0.25, sync_every=2, update_every=0)
     spec = CodecSpec("mapl", 0, dim=D, rank=8, vocab=V, seed=2, rvq=q, microbatches=2)
     enc, dec, sctx, rctx = _pair(spec)
     kinds, versions = [], []

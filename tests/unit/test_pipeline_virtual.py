@@ -172,9 +172,15 @@ def test_bytes_per_step_equal_hand_counts(data, name: str) -> None:
                                                                       + summary["comm_bytes_per_step_bwd"]))
 
 
-def test_rvq_bytes_and_receiver_decodes_match_the_sender(data) -> None:
+@pytest.mark.parametrize("update_every, kinds", [
+    # the default: one EMA update a step from both microbatches, so the second microbatch's message is a header
+    ("1", ["full", "none", "delta", "none", "full", "none", "delta", "none"]),
+    ("0", ["full", "delta", "delta", "delta", "full", "delta", "delta", "delta"]),  # an update every microbatch
+])
+def test_rvq_bytes_and_receiver_decodes_match_the_sender(data, update_every: str, kinds: list[str]) -> None:
     cfg = _cfg("--pipeline.microbatches", "2", "--pipeline.codec", "mapl", "--pipeline.rvq.levels", "2",
-               "--pipeline.rvq.codebook", "64", "--pipeline.rvq.sync_every", "2")
+               "--pipeline.rvq.codebook", "64", "--pipeline.rvq.sync_every", "2",
+               "--pipeline.rvq.update_every", update_every)
     strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
     opt = strat.build_optimizer(cfg)
     enc, pipe = strat.stages[0].encoder, strat.pipe
@@ -188,8 +194,8 @@ def test_rvq_bytes_and_receiver_decodes_match_the_sender(data) -> None:
         strat.train_step(step, _batch_fn(data, cfg))
         opt.step()
     assert len(sent) == len(got) == 8 and all(torch.equal(a, b) for a, b in zip(sent, got, strict=True))
-    assert len({h.version for h in headers}) == 8  # a new codebook every microbatch
-    assert [h.kind for h in headers].count("full") == 2  # steps 0 and 2 (sync_every = 2)
+    assert [h.kind for h in headers] == kinds  # full tables at steps 0 and 2 (sync_every = 2)
+    assert len({h.version for h in headers}) == 8 - kinds.count("none")  # a header-only message: no new codebook
     mb_tokens = B // 2 * T
     cb = sum(32 + h.values.shape[0] * (2 if h.kind == "delta" else 0) + h.values.numel() * 4 for h in headers[-2:])
     assert strat.counter.step[(0, "fwd", "payload")] == 2 * math.ceil(mb_tokens * 2 * 6 / 8)  # 6 bits per index

@@ -78,6 +78,24 @@ def test_ema_update_hand_computed():
     assert rvq.version == v0 + 1 and rvq.changed_mask.tolist() == [[True, True]]
 
 
+def test_windowed_ema_update_hand_computed():
+    """update_every = 2: two forwards' statistics wait, the third forward applies them as one EMA step
+    N ← γ² N + (1 − γ²)/2 · (n₁ + n₂), S alike, and only then bumps the version."""
+    rvq = ResidualVQ(dim=1, levels=1, codebook_size=2, decay=0.5, dead_threshold=0.0, update_every=2)
+    rvq.set_codebooks(torch.tensor([[[0.0], [10.0]]]), cluster_size=torch.tensor([[2.0, 2.0]]))
+    v0 = rvq.version
+    rvq.train()
+    rvq(torch.tensor([[1.0], [9.0]]))
+    rvq(torch.tensor([[3.0], [2.0]]))
+    assert rvq.version == v0 and rvq.pending_forwards == 2
+    _, idx, _ = rvq(torch.tensor([[0.0]]))  # applies the window first, then encodes with the new code
+    # n = [1, 1] + [2, 0] = [3, 1], s = [1, 9] + [5, 0] = [6, 9]; γ² = 0.25, weight 0.75 / 2 = 0.375
+    # N = 0.25·[2, 2] + 0.375·[3, 1] = [1.625, 0.875]; S = 0.25·[0, 20] + 0.375·[6, 9] = [2.25, 8.375]
+    torch.testing.assert_close(rvq.cluster_size, torch.tensor([[1.625, 0.875]]))
+    torch.testing.assert_close(rvq.codebooks, torch.tensor([[[2.25 / 1.625], [8.375 / 0.875]]]))
+    assert rvq.version == v0 + 1 and rvq.pending_forwards == 1 and idx.tolist() == [[0]]
+
+
 def test_unused_codes_keep_their_rows():
     rvq = ResidualVQ(dim=1, levels=1, codebook_size=3, decay=0.9, dead_threshold=0.0)
     rvq.set_codebooks(torch.tensor([[[0.0], [5.0], [9.0]]]))

@@ -20,7 +20,7 @@ def codec_specs(cfg: Config, d: int, vocab: int) -> list[CodecSpec]:
     rvq = None
     if pc.rvq.levels:
         q = pc.rvq
-        rvq = RVQSpec(q.levels, q.codebook, q.decay, q.commitment, q.sync_every, q.dead_threshold)
+        rvq = RVQSpec(q.levels, q.codebook, q.decay, q.commitment, q.sync_every, q.dead_threshold, q.update_every)
     return [
         CodecSpec(kind=pc.codec, boundary=p, dim=d, rank=r, vocab=vocab, seed=cfg.train.seed,
                   anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
