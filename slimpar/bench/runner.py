@@ -27,6 +27,8 @@ class Row:
     seed: int = 0
     tags: dict = field(default_factory=dict)
     timing_round: int = 0  # > 0: a short rerun that only times steps (bench/timing.py)
+    timing_steps: int = 0  # steps of its timing reruns; 0 = bench/timing.py's TIMING_STEPS
+    env: dict = field(default_factory=dict)  # environment variables of its run (e.g. OMP_NUM_THREADS)
 
     @property
     def key(self) -> str:
@@ -46,7 +48,7 @@ def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
         load_before = os.getloadavg()[0]  # how busy the machine was at the start
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, PYTHONWARNINGS="ignore"))
+                              env=dict(os.environ, PYTHONWARNINGS="ignore", **row.env))
         if proc.returncode != 0:
             out.mkdir(parents=True, exist_ok=True)
             (out / "failed.log").write_text(proc.stdout[-20000:] + "\n" + proc.stderr[-20000:])
@@ -65,7 +67,8 @@ def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
 
 
 def _command(row: Row) -> str:
-    return " ".join(["slimpar train --config", row.config, "--train.seed", str(row.seed), *row.overrides])
+    env = [f"{k}={v}" for k, v in row.env.items()]
+    return " ".join([*env, "slimpar train --config", row.config, "--train.seed", str(row.seed), *row.overrides])
 
 
 def run_rows(rows: list[Row], root: Path, jobs: int = 1) -> list[dict]:

@@ -61,15 +61,20 @@ def resnet_rows(steps: int) -> list[Row]:
     return [Row(n, RESNET, base + o, "resnet") for n, o in rows.items()]
 
 
+VIRTUAL_STEPS = 40  # its steps take ~0.1 s: a median over few of them moves with every hiccup of the machine
+
+
 def virtual_rows(steps: int) -> list[Row]:
     """What a step of virtual SDP costs against DDP in one process (issue 20, item 2), on ``bench quality``'s
-    config: 4 simulated workers run one after another, or batched in one pass over one model copy."""
+    config and its one thread per run: 4 simulated workers one after another, or batched in one pass over one
+    model copy. At least ``VIRTUAL_STEPS`` steps per run, timing reruns included."""
     virtual = [*SDP, "--sdp.virtual", "true", "--sdp.virtual_workers", "4", "--sdp.level", "block",
                "--sdp.keep", "0.5"]
     rows = {"DDP": [], "virtual B-SDP 0.5": virtual,
             "virtual B-SDP 0.5 batched": [*virtual, "--sdp.virtual_batched", "true"]}
-    base = ["--model.n_layers", "8", "--train.steps", str(steps)]
-    return [Row(n, QUALITY, base + o, "virtual") for n, o in rows.items()]
+    base = ["--model.n_layers", "8", "--train.steps", str(max(steps, VIRTUAL_STEPS))]
+    return [Row(n, QUALITY, base + o, "virtual", timing_steps=VIRTUAL_STEPS, env={"OMP_NUM_THREADS": "1"})
+            for n, o in rows.items()]
 
 
 def quick_rows() -> list[Row]:

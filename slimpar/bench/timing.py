@@ -19,8 +19,12 @@ from pathlib import Path
 from slimpar.bench.runner import Row, run_rows
 
 TIMING_STEPS = 6  # the median of steps 3-5: after 2 warm-up steps, the instrumented step 2 left out
-TIMING_ONLY = ["--train.steps", str(TIMING_STEPS), "--eval.batches", "1", "--data.ood", "none",
-               "--checkpoint.export", "false", "--checkpoint.final", "false"]
+
+
+def timing_only(steps: int = TIMING_STEPS) -> list[str]:
+    """The overrides of a timing rerun: ``steps`` steps, a token evaluation, nothing exported."""
+    return ["--train.steps", str(steps), "--eval.batches", "1", "--data.ood", "none",
+            "--checkpoint.export", "false", "--checkpoint.final", "false"]
 
 
 def timing_rows(rows: list[Row], rounds: int) -> list[Row]:
@@ -29,7 +33,8 @@ def timing_rows(rows: list[Row], rounds: int) -> list[Row]:
     for k in range(1, rounds + 1):
         shift = k % len(rows) if rows else 0
         for row in rows[shift:] + rows[:shift]:
-            out.append(replace(row, overrides=[*row.overrides, *TIMING_ONLY], timing_round=k))
+            extra = timing_only(row.timing_steps or TIMING_STEPS)
+            out.append(replace(row, overrides=[*row.overrides, *extra], timing_round=k))
     return out
 
 
