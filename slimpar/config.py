@@ -139,8 +139,9 @@ class RVQConfig:
     commitment: float = 0.25  # commitment-loss weight
     sync_every: int = 50  # send the full codebook every N steps (changed rows are sent every step)
     # apply the codebook EMA once every N steps, over all their microbatches; 0 = after every microbatch (the
-    # behaviour before issue 20: the codebook rows then dominated a 16x boundary's forward bytes)
-    update_every: int = 1
+    # behaviour before issue 20: the codebook rows then dominated a 16x boundary's forward bytes). 2: the
+    # quality study's best (docs/results/rvq_update: same loss within a seed's spread, 0.042 of none's forward bytes)
+    update_every: int = 2
     dead_threshold: float = 1.0  # re-seed an unused code whose EMA count is below this x the mean count
 
 

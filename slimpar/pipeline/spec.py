@@ -32,7 +32,7 @@ class RVQSpec:
     commitment: float  # commitment-loss weight β
     sync_every: int  # full codebook every N steps (0: only the first message is full)
     dead_threshold: float = 1.0  # unused codes below this x the mean EMA count are re-seeded
-    update_every: int = 1  # EMA update once every N steps (all microbatches together); 0: every microbatch
+    update_every: int = 2  # EMA update once every N steps (all microbatches together); 0: every microbatch
 
 
 @dataclass(frozen=True)

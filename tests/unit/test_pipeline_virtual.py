@@ -173,7 +173,7 @@ def test_bytes_per_step_equal_hand_counts(data, name: str) -> None:
 
 
 @pytest.mark.parametrize("update_every, kinds", [
-    # the default: one EMA update a step from both microbatches, so the second microbatch's message is a header
+    # one EMA update a step from both microbatches, so the second microbatch's message is a header
     ("1", ["full", "none", "delta", "none", "full", "none", "delta", "none"]),
     ("0", ["full", "delta", "delta", "delta", "full", "delta", "delta", "delta"]),  # an update every microbatch
 ])
