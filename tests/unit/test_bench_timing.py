@@ -21,6 +21,15 @@ def test_rounds_rotate_the_order_and_only_shorten_the_runs():
     assert len({r.key for r in timed} | {r.key for r in rows}) == 9  # every run has its own folder
 
 
+def test_a_row_sets_its_own_timing_length_and_environment():
+    from slimpar.bench.runner import _command
+
+    row = Row("V", "c.toml", ["--train.steps", "40"], "g", timing_steps=40, env={"OMP_NUM_THREADS": "1"})
+    (timed,) = timing_rows([row], 1)
+    assert timed.overrides[2:4] == ["--train.steps", "40"] and timed.env == {"OMP_NUM_THREADS": "1"}
+    assert _command(timed).startswith("OMP_NUM_THREADS=1 slimpar train --config c.toml")
+
+
 def test_ratios_are_taken_within_a_round():
     results = [_run("DDP", 2.0), _run("B", 1.0), _run("DDP", 4.0, seed=1), _run("B", 3.0, seed=1)]
     timings = [_run("DDP", 1.0, k=1, load=3.0), _run("B", 0.6, k=1), _run("DDP", 4.0, k=2), _run("B", 1.6, k=2)]
