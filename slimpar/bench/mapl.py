@@ -75,6 +75,10 @@ ROWS.update({  # projector ablations; "frozen" rows get N = steps // 10 in rows(
     "MAPL 16x + RVQ (EMA every microbatch)": _codec("mapl", 16, *RVQ, "--pipeline.rvq.update_every", "0"),
     "MAPL 16x + RVQ (EMA every 2 steps)": _codec("mapl", 16, *RVQ, "--pipeline.rvq.update_every", "2"),
     "MAPL 16x + RVQ (EMA every 4 steps)": _codec("mapl", 16, *RVQ, "--pipeline.rvq.update_every", "4"),
+    # the anchors' form (issue 20, item 5): receiver-only anchors (ĥ = Ac + o(t)) need no gradient exchange
+    "MAPL 4x + all changes (receiver anchors)": _codec("mapl", 4, *ALL_CHANGES, "--pipeline.anchor_form", "receiver"),
+    "MAPL 16x + RVQ + all changes (receiver anchors)": _codec("mapl", 16, *RVQ, *ALL_CHANGES,
+                                                                 "--pipeline.anchor_form", "receiver"),
 })
 # the quick version checks the harness end to end; every codec's byte count is also checked in the unit tests
 QUICK = ("none", "MAPL 4x", "MAPL 16x + RVQ")

@@ -19,6 +19,8 @@ Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8
 - ``resnet``: ResNet-18 at width 16 on Fashion-MNIST for 3 epochs (width 64 takes 2.7 s a step here).
 - ``rvq-update`` (opt-in: runs only when ``--rows`` names it): MAPL 16x + RVQ with the codebook EMA applied
   every microbatch, every 2 and every 4 steps, for RVQ's bytes against its quality (issue 20, item 6).
+- ``anchor-form`` (opt-in): MAPL 4x and 16x + RVQ with all changes, their factorized anchors symmetric (gradient
+  rows exchanged every step) or receiver-only (no exchange), for the anchors' bytes (issue 20, item 5).
 
 Rows are resumable twice over: a finished row's ``summary.json`` is reused, and an interrupted run
 resumes from its last checkpoint (every 500 steps). The report, the JSON and the plots are rewritten
@@ -70,6 +72,9 @@ MAPL_ABLATIONS = ("MAPL 4x + PCA init", "MAPL 4x + own SPEL schedule", "MAPL 4x 
 # "every microbatch" is every step, the behaviour before the update window existed
 RVQ_UPDATE = ("MAPL 16x + RVQ (EMA every microbatch)", "MAPL 16x + RVQ (EMA every 2 steps)",
               "MAPL 16x + RVQ (EMA every 4 steps)")
+# the anchors' form (issue 20, item 5): symmetric tables exchange their gradient rows, receiver-only ones nothing
+ANCHOR_FORM = ("MAPL 4x + all changes", "MAPL 4x + all changes (receiver anchors)", "MAPL 16x + RVQ + all changes",
+               "MAPL 16x + RVQ + all changes (receiver anchors)")
 DEEP = ("none", "SSN 4x", "MAPL 4x", "MAPL 4x + all changes")
 # the main comparisons again at half the learning rate: 2e-3 is too high for the most compressed rows
 # (docs/results/quality/diagnostics), so this group tests whether the rows' order depends on it
@@ -88,7 +93,7 @@ RESNET_ROWS = {
                   "--sdp.bn_recalibrate", "20"],
 }
 GROUPS = ("mapl", "sdp", "mapl-ablations", "mapl-deep", "mapl-lr1e-3", "resnet")
-OPT_IN = ("rvq-update",)  # studies that run only when --rows names them: the default set keeps its hours
+OPT_IN = ("rvq-update", "anchor-form")  # studies that run only when --rows names them: the default set keeps its hours
 
 
 def _codec(name: str, steps: int) -> list[str]:
@@ -114,8 +119,9 @@ def rows(steps: int = STEPS, seeds: tuple[int, ...] = SEEDS, groups: tuple[str, 
         plan += [("mapl", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps)]) for n in MAPL_ABLATIONS]
     if "mapl-deep" in groups:
         plan += [("mapl-deep", n, ["--model.n_layers", "8", *PIPE, *_codec(n, steps)]) for n in DEEP]
-    if "rvq-update" in groups:
-        plan += [("rvq-update", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps)]) for n in RVQ_UPDATE]
+    for group, names in (("rvq-update", RVQ_UPDATE), ("anchor-form", ANCHOR_FORM)):
+        if group in groups:
+            plan += [(group, n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps)]) for n in names]
     if "mapl-lr1e-3" in groups:
         plan += [("mapl-lr1e-3", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps), "--train.lr", "1e-3"])
                  for n in HALF_LR]

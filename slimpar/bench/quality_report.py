@@ -8,7 +8,8 @@ from slimpar.bench.report import commits_note, fmt, markdown_table, pm
 
 # each group's reference row
 BASELINE = {"sdp": "DDP", "mapl": "none", "mapl-deep": "none", "mapl-lr1e-3": "none", "resnet": "DDP",
-            "rvq-update": "MAPL 16x + RVQ (EMA every microbatch)"}  # the RVQ update study: against the old update
+            "rvq-update": "MAPL 16x + RVQ (EMA every microbatch)",  # the RVQ update study: against the old update
+            "anchor-form": "MAPL 4x + all changes"}
 
 
 def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
