@@ -137,11 +137,10 @@ class RVQConfig:
     codebook: int = 256  # codes per level K
     decay: float = 0.99  # EMA decay of the codebooks
     commitment: float = 0.25  # commitment-loss weight
-    sync_every: int = 50  # send the full codebook every N steps (changed rows are sent every step)
-    # apply the codebook EMA once every N steps, over all their microbatches; 0 = after every microbatch (the
-    # behaviour before issue 20: the codebook rows then dominated a 16x boundary's forward bytes). 2: the
-    # quality study's best (docs/results/rvq_update: same loss within a seed's spread, 0.042 of none's forward bytes)
-    update_every: int = 2
+    sync_every: int = 50  # send the full codebook every N steps (the rows an update changed are sent after it)
+    # 2: docs/results/rvq_update (the loss of updating every step within a seed's spread, 0.042 of none's forward
+    # bytes; every 4 steps stalled one seed of three). 0 was the behaviour before issue 20
+    update_every: int = 2  # apply the codebook EMA every N steps, all their microbatches together; 0 = every microbatch
     dead_threshold: float = 1.0  # re-seed an unused code whose EMA count is below this x the mean count
 
 
