@@ -109,8 +109,6 @@ def measured_line(src: Source) -> str:
             "rows measured at different commits may differ by the changes between them.*")
 
 
-
-
 # FORMAT = a kind and a number of decimals: f2 -> 0.60, pct1 -> +9.6% (a fraction), chg0 -> -40% (a ratio
 # minus one), pm3 -> 3.570 ± 0.026 and pmpct1 -> +9.6% ± 0.7 (FIELD and FIELD_std: mean ± std over seeds);
 # mib, mb (10^6 bytes, 2 decimals), gb and int take no decimals

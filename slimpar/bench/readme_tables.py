@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from slimpar.bench.report import fmt, markdown_table
-from slimpar.bench.report import pm as _pm
+from slimpar.bench.report import fmt, markdown_table, pm
 
 
 def _group(src, group: str) -> list[dict]:
@@ -19,9 +18,9 @@ def quality_table(group: str) -> Callable:
     def table(src) -> str:
         lines = _group(src, group)
         if group == "resnet":
-            body = [[ln["row"], str(len(ln["seeds"])), _pm(_x100(ln["val_accuracy"]), _x100(ln["val_accuracy_std"]), 2),
-                     "—" if ln["row"] == "DDP" else _pm(ln["val_accuracy_gap"], ln["val_accuracy_gap_std"], 2, True),
-                     _pm(ln["val_loss"], ln["val_loss_std"]), _pm(ln["train_loss"], ln["train_loss_std"])]
+            body = [[ln["row"], str(len(ln["seeds"])), pm(_x100(ln["val_accuracy"]), _x100(ln["val_accuracy_std"]), 2),
+                     "—" if ln["row"] == "DDP" else pm(ln["val_accuracy_gap"], ln["val_accuracy_gap_std"], 2, True),
+                     pm(ln["val_loss"], ln["val_loss_std"]), pm(ln["train_loss"], ln["train_loss_std"])]
                     for ln in lines]
             return markdown_table(["run", "seeds", "val accuracy (%)", "vs DDP (relative)", "val loss",
                                    "train loss, last 10%"], body)
@@ -29,10 +28,10 @@ def quality_table(group: str) -> Callable:
         body = []
         for ln in lines:
             base = ln["val_loss_gap"] == 0 and not ln.get("val_loss_gap_std")
-            row = [ln["row"], str(len(ln["seeds"])), _pm(ln["val_loss"], ln["val_loss_std"]),
-                   "—" if base else _pm(ln["val_loss_gap"], ln["val_loss_gap_std"], 1, pct=True),
-                   _pm(ln["val_wikipedia_loss"], ln["val_wikipedia_loss_std"]),
-                   "—" if base else _pm(ln["val_wikipedia_loss_gap"], ln["val_wikipedia_loss_gap_std"], 1, pct=True)]
+            row = [ln["row"], str(len(ln["seeds"])), pm(ln["val_loss"], ln["val_loss_std"]),
+                   "—" if base else pm(ln["val_loss_gap"], ln["val_loss_gap_std"], 1, pct=True),
+                   pm(ln["val_wikipedia_loss"], ln["val_wikipedia_loss_std"]),
+                   "—" if base else pm(ln["val_wikipedia_loss_gap"], ln["val_wikipedia_loss_gap_std"], 1, pct=True)]
             if pipe:
                 row.append(f"{fmt(ln['comm_bytes_per_step_fwd_vs_base'], 3)} / "
                            f"{fmt(ln['comm_bytes_per_step_bwd_vs_base'], 3)}")
@@ -62,7 +61,7 @@ def sdp_table(group: str) -> Callable:
         for ln in _group(src, group):
             floor = ln.get("plan_floor_bytes")
             plan = " (= plan)" if floor and ln["comm_bytes_per_step"] == floor else ""
-            body.append([ln["row"], _pm(ln["val_loss"], ln["val_loss_spread"]) if ln.get("val_loss") else "–",
+            body.append([ln["row"], pm(ln["val_loss"], ln["val_loss_spread"]) if ln.get("val_loss") else "–",
                          _mib(ln["peak_mem_bytes"]), fmt(ln.get("peak_mem_bytes_vs_ddp"), 2),
                          _mib(ln["comm_bytes_per_step"]) + plan, fmt(ln.get("comm_bytes_per_step_vs_ddp"), 2),
                          f"{fmt(ln.get('comm_bytes_sent_per_step_max_vs_ddp'), 2)} / "
