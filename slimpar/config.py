@@ -179,6 +179,9 @@ class EvalConfig:
     every: int = 0  # evaluate every N steps; 0 = auto (every ~10% if train.steps >= 500, else at the end); -1 = end
     batches: int = 8  # validation batches per split
     batch_size: int = 16  # sequences (or images) per validation batch
+    # the end-of-run evaluation reads up to N tokens of each text split (a split shorter than N is read whole);
+    # 0 = the same batches as every other evaluation. Larger final sets push the evaluation noise below the effects
+    final_tokens: int = 0  # tokens per split at the end of the run; 0 = eval.batches x eval.batch_size x seq_len
 
 
 @dataclass

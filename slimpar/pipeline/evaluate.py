@@ -10,7 +10,8 @@ validation batches); evaluation traffic is not added to the training byte counts
 The caller passes the validation batches of each split (the trainer builds them from its config).
 Data-parallel replicas evaluate disjoint shares of the batches; the last stage's sums of nll, tokens
 and target bytes are all-reduced over every rank (other ranks add zeros). Keys match
-slimpar.train.evaluate: ``val_loss``, ``val_perplexity``, ``val_bits_per_byte``, ``val_<split>_*``.
+slimpar.train.evaluate: ``val_loss``, ``val_perplexity``, ``val_bits_per_byte``, ``val_<split>_*``, and the
+loss on each half of a split's batches (``val_loss_half1``, ``val_loss_half2``: the noise floor).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def evaluate_pipeline(stages: list[StageModule], links_in: dict[int, Link], link
     results: dict[str, float] = {}
     try:
         for split, batches in splits.items():
-            sums = torch.zeros(3, dtype=torch.float64)  # nll (nats), tokens, target bytes
+            sums = torch.zeros(2, 3, dtype=torch.float64)  # per half: nll (nats), tokens, target bytes
             for i, (x, y) in enumerate(batches):
                 if i % replicas != replica:
                     continue
@@ -71,10 +72,11 @@ def evaluate_pipeline(stages: list[StageModule], links_in: dict[int, Link], link
                 logits = forward_batch(stages, links_in, links_out, x)
                 if logits is not None:
                     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum")
-                    sums += torch.tensor([float(nll), y.numel(), float(target_bytes(y) or 0)], dtype=torch.float64)
+                    sums[half(i, len(batches))] += torch.tensor([float(nll), y.numel(), float(target_bytes(y) or 0)],
+                                                                dtype=torch.float64)
             if reduce is not None:
                 reduce(sums)
-            results.update(_metrics(split, *sums.tolist()))
+            results.update(split_metrics(split, sums))
     finally:
         counter.enabled = True
         for s, mode in zip(stages, modes, strict=True):
@@ -82,11 +84,27 @@ def evaluate_pipeline(stages: list[StageModule], links_in: dict[int, Link], link
     return results
 
 
-def _metrics(split: str, nll: float, count: float, nbytes: float) -> dict[str, float]:
+def half(i: int, n: int) -> int:
+    """0 for the first ceil(n / 2) of ``n`` validation batches, 1 for the rest: two disjoint halves of a split."""
+    return int(i >= (n + 1) // 2)
+
+
+def split_metrics(split: str, sums: torch.Tensor) -> dict[str, float]:
+    """Text metrics of a split from its per-half sums (2, 3): nll (nats), tokens, target bytes.
+
+    ``*_tokens`` is how many target tokens were scored; ``*_loss_half1`` / ``*_loss_half2`` are the same
+    model's loss on the two disjoint halves of the split's batches: their
+    difference is the evaluation's noise floor (an effect smaller than it cannot be resolved)."""
+    nll, count, nbytes = sums.sum(0).tolist()
     loss = nll / max(count, 1)
     prefix = "val" if split in ("heldout", "test") else f"val_{split}"
-    return {f"{prefix}_loss": loss, f"{prefix}_perplexity": math.exp(min(loss, 50.0)),
-            f"{prefix}_bits_per_byte": nll / math.log(2) / nbytes if nbytes else float("nan")}
+    out = {f"{prefix}_loss": loss, f"{prefix}_perplexity": math.exp(min(loss, 50.0)),
+           f"{prefix}_bits_per_byte": nll / math.log(2) / nbytes if nbytes else float("nan"),
+           f"{prefix}_tokens": count}
+    for h, (h_nll, h_count, _) in enumerate(sums.tolist()):
+        if h_count:
+            out[f"{prefix}_loss_half{h + 1}"] = h_nll / h_count
+    return out
 
 
 def all_reduce_sum(group: dist.ProcessGroup, device: torch.device | str = "cpu") -> Callable[[torch.Tensor], None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -120,6 +121,16 @@ def total_steps(cfg: Config) -> int:
 
 
 AUTO_EVAL_MIN_STEPS = 500  # eval.every = 0: runs this long evaluate on the way, shorter ones only at the end
+
+
+def final_eval_config(cfg: Config) -> Config:
+    """``cfg`` with the end-of-run evaluation's batches: ``eval.final_tokens`` per text split, in
+    ``eval.batch_size`` sequences per batch (a split shorter than that is read whole); ``cfg`` when 0."""
+    e = cfg.eval
+    if not e.final_tokens or cfg.data.kind != "text":
+        return cfg
+    batches = -(-e.final_tokens // (e.batch_size * cfg.data.seq_len))
+    return dataclasses.replace(cfg, eval=dataclasses.replace(e, batches=max(batches, 1)))
 
 
 def eval_every(cfg: Config, total: int) -> int:

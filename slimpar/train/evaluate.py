@@ -2,16 +2,17 @@
 
 Bits per byte = Σ nll (nats) / ln 2 / Σ UTF-8 bytes of the predicted tokens, so runs with
 different tokenizers compare. Ranks evaluate disjoint shares of the batches where the strategy
-allows it (one all-reduce of three numbers per split), otherwise all ranks run every batch.
+allows it (one all-reduce of six numbers per split: three per half), otherwise all ranks run every batch.
+Text splits also report the loss on each half of their batches (``val_loss_half1``, ``val_loss_half2``).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from slimpar.pipeline.evaluate import half, split_metrics
 
 
 @torch.no_grad()
@@ -39,7 +40,7 @@ def val_splits(data, cfg) -> dict[str, list]:
 
 def _eval_split(module, split, batches, data, cfg, rank, world, group, sharded) -> dict[str, float]:
     text = cfg.data.kind == "text"
-    nll = count = nbytes = 0.0
+    sums = torch.zeros(2, 3, dtype=torch.float64)  # per half: nll, count, target bytes (text) or correct (images)
     device = next(module.parameters()).device
     for i, (x, y) in enumerate(batches):
         if sharded and world > 1 and i % world != rank:
@@ -47,22 +48,16 @@ def _eval_split(module, split, batches, data, cfg, rank, world, group, sharded) 
         logits = module(x.to(device))
         y = y.to(device)
         if text:
-            losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="none")
-            nll += float(losses.sum())
-            count += y.numel()
-            nbytes += float(data.target_bytes(y.cpu()) or 0)
+            nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum")
+            extra = float(data.target_bytes(y.cpu()) or 0)
         else:
-            nll += float(F.cross_entropy(logits.float(), y, reduction="sum"))
-            nbytes += float((logits.argmax(-1) == y).sum())  # correct predictions
-            count += y.numel()
+            nll = F.cross_entropy(logits.float(), y, reduction="sum")
+            extra = float((logits.argmax(-1) == y).sum())  # correct predictions
+        sums[half(i, len(batches))] += torch.tensor([float(nll), y.numel(), extra], dtype=torch.float64)
     if sharded and world > 1:
-        t = torch.tensor([nll, count, nbytes], dtype=torch.float64)
-        dist.all_reduce(t, group=group)
-        nll, count, nbytes = t.tolist()
-    loss = nll / max(count, 1)
+        dist.all_reduce(sums, group=group)
+    if text:
+        return split_metrics(split, sums)
+    nll, count, correct = sums.sum(0).tolist()
     prefix = "val" if split in ("heldout", "test") else f"val_{split}"
-    if not text:
-        return {f"{prefix}_loss": loss, f"{prefix}_accuracy": nbytes / max(count, 1)}
-    out = {f"{prefix}_loss": loss, f"{prefix}_perplexity": math.exp(min(loss, 50.0))}
-    out[f"{prefix}_bits_per_byte"] = nll / math.log(2) / nbytes if nbytes else float("nan")
-    return out
+    return {f"{prefix}_loss": nll / max(count, 1), f"{prefix}_accuracy": correct / max(count, 1)}

@@ -17,7 +17,7 @@ from slimpar.config import Config, to_dict
 from slimpar.data.shares import batch_share
 from slimpar.parallel.comm import StepInstrument, wire_bytes_written
 from slimpar.train import memory
-from slimpar.train.build import build_data, build_model, eval_every, lr_at, total_steps
+from slimpar.train.build import build_data, build_model, eval_every, final_eval_config, lr_at, total_steps
 from slimpar.train.checkpoint import (
     checkpoint_layout,
     export_safetensors,
@@ -234,12 +234,12 @@ class Trainer:
         """Tokens (images for image models) a step trains on, summed over data-parallel workers."""
         return self.cfg.train.batch_size * (self.cfg.data.seq_len if self.cfg.data.kind == "text" else 1)
 
-    def _evaluate(self) -> dict:
-        return self.strategy.evaluate(self.data, self.cfg)
+    def _evaluate(self, final: bool = False) -> dict:
+        return self.strategy.evaluate(self.data, final_eval_config(self.cfg) if final else self.cfg)
 
     def _finish(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        results = self._evaluate()
+        results = self._evaluate(final=True)
         if cfg.checkpoint.final and self.start < self.total:
             save_checkpoint(ctx.out_dir, self.total, self.strategy.checkpoint_module, self.optimizer, ctx.rank,
                             ctx.group, cfg.checkpoint.keep_last, checkpoint_layout(cfg))

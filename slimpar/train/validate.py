@@ -57,6 +57,7 @@ RANGES: dict[str, Range] = {
     "parallel.workers": Range(1, 4096, why="a plan for 16,384 workers takes minutes"),
     "parallel.timeout_s": Range(0, lo_open=True, why="seconds a collective waits"),
     "eval.every": Range(-1, why="0 = auto, -1 = only at the end"), "eval.batches": Range(0, lo_open=True),
+    "eval.final_tokens": Range(0, why="0 = the same batches as every other evaluation"),
     "eval.batch_size": Range(0, MAX_EVAL_BATCH, lo_open=True, why="sequences or images per validation batch"),
     "checkpoint.every": Range(0, why="0 = only at the end"),
     "checkpoint.keep_last": Range(0, why="0 = keep every checkpoint"),
