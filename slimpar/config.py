@@ -151,7 +151,10 @@ class PipelineConfig:
     microbatches: int = 4  # micro-batches per step; must divide the per-replica batch
     codec: str = "none"  # none | bf16 | int8 | mapl | ssn | naive
     rank: int = 0  # projector rank r; 0 = d / compression
-    compression: int = 4  # d / r when rank is 0
+    compression: int = 4  # d / r when rank is 0 (compression_of = payload), or 1/K of none's bytes (total)
+    # total: r is the largest whose steady-state bytes per step (payload, ids, A's and anchors' gradient parts,
+    # RVQ codebooks at their worst case) are <= 1/K of the uncompressed pipeline's, each way (pipeline/budget.py)
+    compression_of: str = "payload"  # payload (r = d / K) | total (every byte a boundary sends, matched to 1/K)
     anchors: str = "none"  # none | factorized | full
     anchor_dim: int = 32  # m, the factorized anchor width
     anchor_form: str = "symmetric"  # symmetric | receiver

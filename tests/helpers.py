@@ -109,3 +109,19 @@ class LazyRuns(dict):
     def __missing__(self, key):
         value = self[key] = self._make(key)
         return value
+
+
+def train_virtual_pipeline(cfg, data, steps: int):
+    """A virtual pipeline strategy trained ``steps`` steps the way the trainer steps it (no lr schedule)."""
+    from slimpar.train.build import build_model
+    from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
+
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), single_process_context())
+    opt = strat.build_optimizer(cfg)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        strat.train_step(step, batch_fn(data, cfg))
+        strat.after_backward()
+        opt.step()
+        strat.after_step()
+    return strat

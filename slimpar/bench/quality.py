@@ -21,6 +21,10 @@ Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8
   every microbatch, every 2 and every 4 steps, for RVQ's bytes against its quality (issue 20, item 6).
 - ``anchor-form`` (opt-in): MAPL 4x and 16x + RVQ with all changes, their factorized anchors symmetric (gradient
   rows exchanged every step) or receiver-only (no exchange), for the anchors' bytes (issue 20, item 5).
+- ``lr-sweep`` (opt-in): none, SSN 4x, MAPL 4x (all changes, receiver anchors), naive 4x and int8 at
+  learning rates 5e-4 to 4e-3, one seed; the projecting codecs at matched total bytes
+  (``--pipeline.compression_of total``) with token ids read locally (issue 20, item 1).
+- ``tuned`` (opt-in, after ``lr-sweep``): the same rows, 3 seeds, each at its best rate of the sweep.
 
 Rows are resumable twice over: a finished row's ``summary.json`` is reused, and an interrupted run
 resumes from its last checkpoint (every 500 steps). The report, the JSON and the plots are rewritten
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -92,17 +97,52 @@ RESNET_ROWS = {
     "N-SDP 0.5": ["--parallel.mode", "sdp", "--sdp.virtual", "true", "--sdp.level", "neuron", "--sdp.keep", "0.5",
                   "--sdp.bn_recalibrate", "20"],
 }
+# issue 20, item 1: each compared row at its own learning rate, the projecting codecs at matched total bytes
+# (compression_of total: every byte a boundary sends <= 1/4 of none's, each way) and token ids read locally
+# (in slimpar's pipelines every stage reads the batch). "lr-sweep" runs each row at every rate of LRS, one seed;
+# "tuned" runs 3 seeds at each row's best rate of the sweep (its seed 0 is the sweep's run at that rate)
+LRS = ("5e-4", "1e-3", "2e-3", "4e-3")
+_MATCHED = ("--pipeline.compression_of", "total", "--pipeline.ids", "local")
+TUNED = {
+    "none": CODECS["none"],
+    "SSN 4x": [*CODECS["SSN 4x"], *_MATCHED],
+    # the best 4x options measured so far: all changes (docs/results/quality), receiver anchors (anchor_form)
+    "MAPL 4x": [*CODECS["MAPL 4x + all changes (receiver anchors)"], *_MATCHED],
+    "naive 4x": [*CODECS["naive 4x"], *_MATCHED],
+    "int8": CODECS["int8"],
+}
 GROUPS = ("mapl", "sdp", "mapl-ablations", "mapl-deep", "mapl-lr1e-3", "resnet")
-OPT_IN = ("rvq-update", "anchor-form")  # studies that run only when --rows names them: the default set keeps its hours
+# studies that run only when --rows names them: the default set keeps its hours
+OPT_IN = ("rvq-update", "anchor-form", "lr-sweep", "tuned")
 
 
 def _codec(name: str, steps: int) -> list[str]:
     return [a.format(freeze=str(max(steps // 10, 1))) for a in CODECS[name]]
 
 
+def sweep_name(row: str, lr: str) -> str:
+    return f"{row} at lr {lr}"
+
+
+def best_rates(out: Path) -> dict[str, str]:
+    """Each ``TUNED`` row's learning rate with the lowest final validation loss (Shakespeare) in the sweep's
+    finished runs under ``out``; a row enters once every rate of ``LRS`` has finished."""
+    best = {}
+    for name in TUNED:
+        losses = {}
+        for lr in LRS:
+            path = out / "runs" / Row(sweep_name(name, lr), CONFIG, group="lr-sweep").key / "summary.json"
+            if path.exists():
+                losses[lr] = json.loads(path.read_text())["val_loss"]
+        if len(losses) == len(LRS):
+            best[name] = min(losses, key=losses.get)
+    return best
+
+
 def rows(steps: int = STEPS, seeds: tuple[int, ...] = SEEDS, groups: tuple[str, ...] = GROUPS,
-         extra: tuple[str, ...] = ()) -> list[Row]:
-    """Every run in the order it runs: the claims' main rows first, all seeds of a row together."""
+         extra: tuple[str, ...] = (), sweep_dir: Path | None = None) -> list[Row]:
+    """Every run in the order it runs: the claims' main rows first, all seeds of a row together. The ``tuned``
+    rows take their rates from the finished sweep under ``sweep_dir`` (rows whose sweep has not finished: none)."""
     base = ["--train.steps", str(steps), *extra]
     plan: list[tuple[str, str, list[str]]] = []
     mapl = [("mapl", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps)]) for n in MAPL_MAIN]
@@ -122,10 +162,18 @@ def rows(steps: int = STEPS, seeds: tuple[int, ...] = SEEDS, groups: tuple[str, 
     for group, names in (("rvq-update", RVQ_UPDATE), ("anchor-form", ANCHOR_FORM)):
         if group in groups:
             plan += [(group, n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps)]) for n in names]
+    if "lr-sweep" in groups:
+        plan += [("lr-sweep", sweep_name(n, lr), ["--model.n_layers", "4", *PIPE, *o, "--train.lr", lr])
+                 for n, o in TUNED.items() for lr in LRS]
     if "mapl-lr1e-3" in groups:
         plan += [("mapl-lr1e-3", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps), "--train.lr", "1e-3"])
                  for n in HALF_LR]
-    out = [Row(name, CONFIG, base + o, group, s) for group, name, o in plan for s in seeds]
+    out = [Row(name, CONFIG, base + o, group, 0 if group == "lr-sweep" else s) for group, name, o in plan
+           for s in (seeds[:1] if group == "lr-sweep" else seeds)]
+    if "tuned" in groups:
+        best = best_rates(sweep_dir) if sweep_dir else {}
+        out += [Row(n, CONFIG, base + ["--model.n_layers", "4", *PIPE, *o, "--train.lr", best[n]], "tuned", s,
+                    tags={"lr": best[n]}) for n, o in TUNED.items() if n in best for s in seeds]
     if "resnet" in groups:
         out += [Row(n, "configs/resnet18_fmnist.toml", RESNET + o + list(extra), "resnet", s)
                 for n, o in RESNET_ROWS.items() for s in seeds]
@@ -147,8 +195,15 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     ``report_only`` trains nothing: the report covers the finished runs (their folders, or where a folder is
     gone, the run as the committed results.json recorded it) and lists the others as not run."""
     opt_in = tuple(g for g in OPT_IN if any(o == g or o.startswith(f"{g}/") for o in only or ()))
-    todo = select_rows(quick_rows() if quick else rows(steps, groups=GROUPS + opt_in), only)
+    if "tuned" in opt_in and len(best_rates(out)) < len(TUNED):
+        from slimpar.config import ConfigError
+
+        raise ConfigError(f"the 'tuned' rows take each row's best learning rate from the 'lr-sweep' group, whose runs "
+                          f"have not all finished under {out} (rows with a full sweep: {sorted(best_rates(out))}); "
+                          "run --rows lr-sweep to the end first")
+    todo = select_rows(quick_rows() if quick else rows(steps, groups=GROUPS + opt_in, sweep_dir=out), only)
     out.mkdir(parents=True, exist_ok=True)
+    _reuse_sweep_runs(out, todo)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per run: ``jobs`` runs share the cores
     results: dict[str, dict] = {}
     failed: list[str] = []
@@ -183,6 +238,15 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     if failed:
         raise RuntimeError(f"{len(failed)} benchmark runs failed: {'; '.join(failed)}")
     return data
+
+
+def _reuse_sweep_runs(out: Path, todo: list[Row]) -> None:
+    """A ``tuned`` seed-0 run is the sweep's run at the row's best rate (the same command): link its files."""
+    for r in todo:
+        if r.group == "tuned" and r.seed == 0 and not (out / "runs" / r.key).exists():
+            src = out / "runs" / Row(sweep_name(r.name, r.tags["lr"]), CONFIG, group="lr-sweep").key
+            if (src / "summary.json").exists():
+                shutil.copytree(src, out / "runs" / r.key, copy_function=os.link)
 
 
 def _recorded_runs(out: Path) -> dict[tuple[str, str, int], dict]:

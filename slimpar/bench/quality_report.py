@@ -9,7 +9,7 @@ from slimpar.bench.report import commits_note, fmt, markdown_table, pm
 # each group's reference row
 BASELINE = {"sdp": "DDP", "mapl": "none", "mapl-deep": "none", "mapl-lr1e-3": "none", "resnet": "DDP",
             "rvq-update": "MAPL 16x + RVQ (EMA every microbatch)",  # the RVQ update study: against the old update
-            "anchor-form": "MAPL 4x + all changes"}
+            "anchor-form": "MAPL 4x + all changes", "tuned": "none"}
 
 
 def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
@@ -64,6 +64,9 @@ def aggregate(results: list[dict]) -> list[dict]:
         for key in ("val_loss", "val_wikipedia_loss", "val_accuracy"):
             line[key], line[f"{key}_std"] = _mean_std([_final_val(r, key) for r in runs])
             line[f"{key}_gap"], line[f"{key}_gap_std"] = _gap(runs, base, key)
+        for key in ("val_loss", "val_wikipedia_loss"):  # the same gap on each half of the evaluation set
+            if any(f"{key}_half1" in r["summary"] for r in runs):  # runs evaluated before the halves have none
+                line[f"{key}_gap_halves"] = [_gap(runs, base, f"{key}_half{h}")[0] for h in (1, 2)]
         line["train_loss"], line["train_loss_std"] = _mean_std([_tail_loss(r) for r in runs])
         # the fastest uninterrupted seed: other load on the machine only adds time
         walls = [r["wall_s"] / 60 for r in runs if r.get("wall_s")]
@@ -126,6 +129,10 @@ def targets(lines: list[dict]) -> dict[str, dict | None]:
             _ahead(lines, "mapl-lr1e-3", "MAPL 8x + all changes", "SSN 8x"),
         "lr 1e-3: MAPL 16x + RVQ + all changes within 3% of none":
             _within(_line(lines, "mapl-lr1e-3", "MAPL 16x + RVQ + all changes"), 0.03),
+        # issue 20: every row at its own best rate, the projecting codecs at matched total bytes
+        "tuned, matched bytes: MAPL 4x ahead of SSN 4x": _ahead(lines, "tuned", "MAPL 4x", "SSN 4x"),
+        "tuned, matched bytes: MAPL 4x ahead of naive 4x": _ahead(lines, "tuned", "MAPL 4x", "naive 4x"),
+        "tuned, matched bytes: MAPL 4x within 1% of none": _within(_line(lines, "tuned", "MAPL 4x"), 0.01),
     }
 
 
@@ -133,7 +140,7 @@ def n_params(group: str) -> int | None:
     """Parameters of the group's model (the LLaMA groups; embeddings untied in the pipeline groups)."""
     from slimpar.models.llama import Llama, LlamaConfig
 
-    layers = {"sdp": 8, "mapl": 4, "mapl-deep": 8, "mapl-lr1e-3": 4}.get(group)
+    layers = {"sdp": 8, "mapl": 4, "mapl-deep": 8, "mapl-lr1e-3": 4, "lr-sweep": 4, "tuned": 4}.get(group)
     if layers is None:
         return None
     cfg = LlamaConfig.named("mini", n_layers=layers, vocab_size=1024, tie_embeddings=group == "sdp")
@@ -157,7 +164,9 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
         out.append(f"\n## {group}\n\n" + (f"{params:,} parameters{tokens} at {s0} steps.\n\n" if params else ""))
         acc = group == "resnet"
         pipe = group.startswith("mapl")
+        halves = any(None not in (ln.get("val_loss_gap_halves") or [None]) for ln in mine)
         headers = ["row", "seeds", "steps", "val accuracy" if acc else "val loss (Shakespeare)", "gap vs baseline",
+                   *(["gap on each half"] if halves else []),
                    *([] if acc else ["val loss (Wikipedia)", "gap vs baseline", "val drop, last quarter"]),
                    "train loss, last 10% of steps", *(["bytes fwd / bwd × none"] if pipe else []),
                    "minutes per run (fastest seed)"]
@@ -166,6 +175,8 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
             key = "val_accuracy" if acc else "val_loss"
             cells = [ln["row"], str(len(ln["seeds"])), str(ln["steps"]), _pm(ln[key], ln[f"{key}_std"]),
                      _pm(ln[f"{key}_gap"], ln[f"{key}_gap_std"], pct=True)]
+            if halves:
+                cells.append(" / ".join("–" if g is None else f"{100 * g:+.2f}%" for g in ln["val_loss_gap_halves"]))
             if not acc:
                 cells += [_pm(ln["val_wikipedia_loss"], ln["val_wikipedia_loss_std"]),
                           _pm(ln["val_wikipedia_loss_gap"], ln["val_wikipedia_loss_gap_std"], pct=True),
@@ -177,6 +188,11 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
             cells.append(fmt(ln["minutes_per_run"], 1))
             body.append(cells)
         out.append(markdown_table(headers, body) + "\n")
+        if halves:
+            out.append("\nGap on each half: the same paired gap measured on the first and on the second half of the "
+                       "held-out set; their difference is the evaluation's noise floor.\n")
+        if group == "lr-sweep":
+            out.append(sweep_markdown(mine))
     out.append("\n## Targets (issue 10)\n\n" + _targets_table(targets(lines)))
     out.append(_time(lines, meta.get("jobs", 1)))
     if pending:
@@ -186,6 +202,25 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
     out.append("\nCommands (one seed each; the others differ in `--train.seed`):\n\n" + "\n".join(
         f"- {ln['group']} / {ln['row']}: `{ln['command']}`" for ln in lines) + "\n")
     return "".join(out)
+
+
+def sweep_markdown(lines: list[dict]) -> str:
+    """Rows by learning rate (one seed): the final validation loss at each rate, the best in bold, and whether
+    the best sits at an edge of the sweep (then the sweep must be widened before the rate is trusted)."""
+    grid: dict[str, dict[float, float | None]] = {}
+    for ln in lines:
+        row, _, lr = ln["row"].rpartition(" at lr ")
+        grid.setdefault(row, {})[float(lr)] = ln["val_loss"]
+    rates = sorted({lr for g in grid.values() for lr in g})
+    body = []
+    for row, got in grid.items():
+        done = {lr: v for lr, v in got.items() if v is not None}
+        best = min(done, key=done.get) if done else None
+        cells = [(f"**{fmt(got[lr], 4)}**" if lr == best else fmt(got[lr], 4)) if lr in got else "–" for lr in rates]
+        edge = "–" if best is None or len(done) < len(rates) else "yes" if best in (rates[0], rates[-1]) else "no"
+        body.append([row, *cells, f"{best:g}" if best is not None else "–", edge])
+    return ("\nLearning-rate sweep (val loss, Shakespeare, seed 0):\n\n"
+            + markdown_table(["row", *(f"lr {lr:g}" for lr in rates), "best", "best at an edge"], body) + "\n")
 
 
 def _targets_table(t: dict[str, dict | None]) -> str:

@@ -168,10 +168,11 @@ def check_resume(out_dir: Path, cfg=None) -> Path | None:
 # ---------------------------------------------------------------- layout.json: what a checkpoint holds
 
 LAYOUT = "layout.json"
+# fields that name or shape a checkpoint's tensors, per mode
 _TIED = {"sdp": ("level", "keep", "keep_per_worker", "memory_budget", "min_holders", "assignment", "mask_file",
                  "groups", "regime", "fsdp", "holder_shard", "virtual", "virtual_workers"),
-         "pipeline": ("stages", "codec", "rank", "compression", "anchors", "anchor_dim", "anchor_form", "virtual",
-                      "rvq.levels", "rvq.codebook", "dp", "sdp_keep")}  # fields that name or shape its tensors
+         "pipeline": ("stages", "codec", "rank", "compression", "compression_of", "anchors", "anchor_dim",
+                      "anchor_form", "virtual", "rvq.levels", "rvq.codebook", "dp", "sdp_keep")}
 
 
 def _tied_fields(section, names: tuple[str, ...]) -> dict:

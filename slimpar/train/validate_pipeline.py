@@ -10,7 +10,7 @@ from slimpar.config import Config, ConfigError
 from slimpar.config import check_choice as _choice
 from slimpar.optim.spel import SPEL_SCHEDULES
 from slimpar.pipeline.codec_kinds import CODEC_KINDS, names
-from slimpar.pipeline.spec import resolve_rank
+from slimpar.pipeline.spec import UINT16_LIMIT, resolve_rank
 from slimpar.pipeline.sync import SYNC_DTYPES
 from slimpar.pipeline.training import CLIP_MODES
 from slimpar.train.build import llama_config
@@ -105,17 +105,22 @@ def _check_layout(cfg: Config, n_layers: int) -> None:
 
 def _check_codec(cfg: Config, d: int) -> None:
     pc = cfg.pipeline
+    _choice("pipeline.compression_of", pc.compression_of, ("payload", "total"))
     if pc.rank < 0 or pc.compression < 1:
         raise ConfigError(f"pipeline.rank must be >= 0 and pipeline.compression >= 1, got {pc.rank}, {pc.compression}")
     kind = CODEC_KINDS[pc.codec]
     if kind.projects:
         if pc.rank > d:
             raise ConfigError(f"pipeline.rank = {pc.rank} is larger than the model width d = {d}; choose r <= d")
-        if not pc.rank and d % pc.compression:
+        if not pc.rank and pc.compression_of == "payload" and d % pc.compression:
             raise ConfigError(f"pipeline.compression = {pc.compression} does not divide d = {d}; "
                               "set --pipeline.rank r instead")
         if resolve_rank(pc.codec, d, pc.rank, pc.compression) < 1:
             raise ConfigError(f"pipeline.compression = {pc.compression} leaves rank 0 for d = {d}")
+        if pc.compression_of == "total" and not pc.rank:
+            from slimpar.train.strategies.pipeline_specs import codec_specs
+
+            codec_specs(cfg, d, cfg.data.vocab_size or UINT16_LIMIT)  # ConfigError when no rank fits the budget
     if pc.anchors != "none":
         if not kind.learned:
             why = "has its own fixed token table" if kind.token_table else "has no projector"

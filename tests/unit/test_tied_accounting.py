@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from slimpar.pipeline import accounting
-from slimpar.train.build import build_data, build_model
-from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
+from slimpar.train.build import build_data
 from slimpar.train.validate import load_run_config
-from tests.helpers import TINY, VIRTUAL_PIPELINE, batch_fn, single_process_context
+from tests.helpers import TINY, VIRTUAL_PIPELINE, batch_fn, train_virtual_pipeline
 
 B, T, D, STEPS = 8, 64, 64, 3
 R = D // 4  # MAPL 4x
@@ -27,14 +26,7 @@ def _run(tie: str, *overrides: str) -> tuple[dict, object]:
                                  "--pipeline.microbatches", "2", "--pipeline.codec", "mapl",
                                  "--pipeline.compression", "4", "--pipeline.projector_init", "random", *overrides])
     data = build_data(cfg)
-    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), single_process_context())
-    opt = strat.build_optimizer(cfg)
-    for step in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        strat.train_step(step, batch_fn(data, cfg))
-        strat.after_backward()
-        opt.step()
-        strat.after_step()
+    strat = train_virtual_pipeline(cfg, data, STEPS)
     strat.evaluate(data, cfg)  # evaluation traffic is not training traffic
     ids = [batch_fn(data, cfg)(step, 0)[0] for step in range(STEPS)]
     if tie == "true":  # whatever the tied exchange's wire form, both copies sum the same parts

@@ -7,7 +7,10 @@ steps A and the rest: pipeline/training.py).
 
 from __future__ import annotations
 
-from slimpar.config import Config
+import dataclasses
+
+from slimpar.config import Config, ConfigError
+from slimpar.pipeline.budget import StepShape, fit_rank
 from slimpar.pipeline.spec import CodecSpec, RVQSpec, resolve_rank
 from slimpar.pipeline.training import MaplTrainingSpec
 from slimpar.train.build import total_steps
@@ -16,18 +19,39 @@ from slimpar.train.build import total_steps
 def codec_specs(cfg: Config, d: int, vocab: int) -> list[CodecSpec]:
     """One spec per boundary p = 0..P−2 from ``cfg.pipeline``."""
     pc = cfg.pipeline
-    r = resolve_rank(pc.codec, d, pc.rank, pc.compression)
     rvq = None
     if pc.rvq.levels:
         q = pc.rvq
         rvq = RVQSpec(q.levels, q.codebook, q.decay, q.commitment, q.sync_every, q.dead_threshold, q.update_every)
-    return [
-        CodecSpec(kind=pc.codec, boundary=p, dim=d, rank=r, vocab=vocab, seed=cfg.train.seed,
-                  anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
-                  anchor_init=pc.anchor_init,
-                  ids_on_wire=pc.ids == "send", rvq=rvq, microbatches=pc.microbatches)
-        for p in range(pc.stages - 1)
-    ]
+    spec = CodecSpec(kind=pc.codec, boundary=0, dim=d, rank=resolve_rank(pc.codec, d, pc.rank, pc.compression),
+                     vocab=vocab, seed=cfg.train.seed, anchors=pc.anchors, anchor_dim=pc.anchor_dim,
+                     anchor_form=pc.anchor_form, anchor_init=pc.anchor_init, ids_on_wire=pc.ids == "send", rvq=rvq,
+                     microbatches=pc.microbatches)
+    r = run_rank(cfg, spec)
+    if r < 1:
+        raise ConfigError(f"pipeline.compression = {pc.compression} with compression_of = 'total': even rank 1 sends "
+                          f"more than 1/{pc.compression} of the uncompressed pipeline's bytes per step (its payload "
+                          "plus what does not shrink with r: token ids, codebooks, anchor rows); lower the "
+                          "compression, read ids locally (--pipeline.ids local) or use compression_of = 'payload'")
+    spec = dataclasses.replace(spec, rank=r)
+    return [dataclasses.replace(spec, boundary=p) for p in range(pc.stages - 1)]
+
+
+def step_shape(cfg: Config) -> StepShape:
+    """What each boundary of one pipeline replica carries per training step (text runs)."""
+    pc = cfg.pipeline
+    replicas = 1 if pc.virtual else max(cfg.parallel.workers // pc.stages, 1)
+    rows = cfg.train.batch_size // replicas // pc.microbatches
+    return StepShape(rows, cfg.data.seq_len, pc.microbatches, pc.sync_dtype, pc.checksum_every)
+
+
+def run_rank(cfg: Config, spec: CodecSpec) -> int:
+    """r of the run: ``pipeline.rank``, or d / K, or with ``compression_of = total`` the largest r whose every
+    byte per step is <= 1/K of ``none``'s each way (pipeline/budget.py); 0 when none fits."""
+    pc = cfg.pipeline
+    if pc.compression_of != "total" or pc.rank or not spec.projected:
+        return spec.rank
+    return fit_rank(spec, step_shape(cfg), pc.compression)
 
 
 def training_spec(cfg: Config) -> MaplTrainingSpec:
