@@ -25,6 +25,10 @@ Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8
   learning rates 5e-4 to 4e-3, one seed; the projecting codecs at matched total bytes
   (``--pipeline.compression_of total``) with token ids read locally (issue 20, item 1).
 - ``tuned`` (opt-in, after ``lr-sweep``): the same rows, 3 seeds, each at its best rate of the sweep.
+- ``sdp-lr-sweep`` and ``sdp-tuned`` (opt-in): the same for DDP, B-SDP 0.5 (iteration- and FLOP-matched),
+  Bb-SDP 0.5 and 3/8, the SDP rows batched (``sdp.virtual_batched``).
+- ``unseen-config`` (opt-in): none, SSN 4x and MAPL 4x with today's defaults and with the candidate ones,
+  at matched bytes, on a config no other row uses (6 blocks in 3 stages, 4 x 128 tokens a step; item 5).
 
 Rows are resumable twice over: a finished row's ``summary.json`` is reused, and an interrupted run
 resumes from its last checkpoint (every 500 steps). The report, the JSON and the plots are rewritten
@@ -99,21 +103,38 @@ RESNET_ROWS = {
 }
 # issue 20, item 1: each compared row at its own learning rate, the projecting codecs at matched total bytes
 # (compression_of total: every byte a boundary sends <= 1/4 of none's, each way) and token ids read locally
-# (in slimpar's pipelines every stage reads the batch). "lr-sweep" runs each row at every rate of LRS, one seed;
-# "tuned" runs 3 seeds at each row's best rate of the sweep (its seed 0 is the sweep's run at that rate)
+# (in slimpar's pipelines every stage reads the batch). A sweep group runs each row at every rate of LRS, one
+# seed; its tuned group runs 3 seeds at each row's best rate of the sweep (seed 0 is the sweep's run at that rate)
 LRS = ("5e-4", "1e-3", "2e-3", "4e-3")
 _MATCHED = ("--pipeline.compression_of", "total", "--pipeline.ids", "local")
+_PIPE4 = ["--model.n_layers", "4", *PIPE]
 TUNED = {
-    "none": CODECS["none"],
-    "SSN 4x": [*CODECS["SSN 4x"], *_MATCHED],
+    "none": [*_PIPE4, *CODECS["none"]],
+    "SSN 4x": [*_PIPE4, *CODECS["SSN 4x"], *_MATCHED],
     # the best 4x options measured so far: all changes (docs/results/quality), receiver anchors (anchor_form)
-    "MAPL 4x": [*CODECS["MAPL 4x + all changes (receiver anchors)"], *_MATCHED],
-    "naive 4x": [*CODECS["naive 4x"], *_MATCHED],
-    "int8": CODECS["int8"],
+    "MAPL 4x": [*_PIPE4, *CODECS["MAPL 4x + all changes (receiver anchors)"], *_MATCHED],
+    "naive 4x": [*_PIPE4, *CODECS["naive 4x"], *_MATCHED],
+    "int8": [*_PIPE4, *CODECS["int8"]],
+}
+# the SDP rows batched (sdp.virtual_batched: all simulated workers in one pass, equal to rounding)
+SDP_TUNED = {"DDP": SDP_ROWS["DDP"], **{n: [*SDP_ROWS[n], "--sdp.virtual_batched", "true"]
+                                        for n in ("B-SDP 0.5", "B-SDP 0.5 FLOP-matched", "Bb-SDP 0.5", "Bb-SDP 3/8")}}
+SWEEPS = {"lr-sweep": ("tuned", TUNED), "sdp-lr-sweep": ("sdp-tuned", SDP_TUNED)}  # sweep -> (tuned group, rows)
+# issue 20, item 5: the candidate MAPL defaults on a config no other row uses (6 blocks in 3 stages, 128-token
+# sequences, 4 a step): MAPL at matched bytes must end at or below SSN
+_UNSEEN = ["--model.n_layers", "6", "--data.seq_len", "128", "--train.batch_size", "4", "--parallel.mode", "pipeline",
+           "--pipeline.virtual", "true", "--pipeline.stages", "3", "--model.tie_embeddings", "false",
+           "--pipeline.schedule", "gpipe", "--pipeline.microbatches", "1"]
+UNSEEN = {
+    "none": [*_UNSEEN, *CODECS["none"]],
+    "SSN 4x": [*_UNSEEN, *CODECS["SSN 4x"], *_MATCHED],
+    "MAPL 4x (PCA start only)": [*_UNSEEN, *CODECS["MAPL 4x + PCA init"], *_MATCHED],
+    "MAPL 4x (all changes + receiver anchors)": [*_UNSEEN, *CODECS["MAPL 4x + all changes (receiver anchors)"],
+                                                *_MATCHED],
 }
 GROUPS = ("mapl", "sdp", "mapl-ablations", "mapl-deep", "mapl-lr1e-3", "resnet")
 # studies that run only when --rows names them: the default set keeps its hours
-OPT_IN = ("rvq-update", "anchor-form", "lr-sweep", "tuned")
+OPT_IN = ("rvq-update", "anchor-form", "lr-sweep", "tuned", "sdp-lr-sweep", "sdp-tuned", "unseen-config")
 
 
 def _codec(name: str, steps: int) -> list[str]:
@@ -124,14 +145,14 @@ def sweep_name(row: str, lr: str) -> str:
     return f"{row} at lr {lr}"
 
 
-def best_rates(out: Path) -> dict[str, str]:
-    """Each ``TUNED`` row's learning rate with the lowest final validation loss (Shakespeare) in the sweep's
+def best_rates(out: Path, sweep: str = "lr-sweep") -> dict[str, str]:
+    """Each row of ``sweep``'s learning rate with the lowest final validation loss (Shakespeare) in the sweep's
     finished runs under ``out``; a row enters once every rate of ``LRS`` has finished."""
     best = {}
-    for name in TUNED:
+    for name in SWEEPS[sweep][1]:
         losses = {}
         for lr in LRS:
-            path = out / "runs" / Row(sweep_name(name, lr), CONFIG, group="lr-sweep").key / "summary.json"
+            path = out / "runs" / Row(sweep_name(name, lr), CONFIG, group=sweep).key / "summary.json"
             if path.exists():
                 losses[lr] = json.loads(path.read_text())["val_loss"]
         if len(losses) == len(LRS):
@@ -162,18 +183,21 @@ def rows(steps: int = STEPS, seeds: tuple[int, ...] = SEEDS, groups: tuple[str, 
     for group, names in (("rvq-update", RVQ_UPDATE), ("anchor-form", ANCHOR_FORM)):
         if group in groups:
             plan += [(group, n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps)]) for n in names]
-    if "lr-sweep" in groups:
-        plan += [("lr-sweep", sweep_name(n, lr), ["--model.n_layers", "4", *PIPE, *o, "--train.lr", lr])
-                 for n, o in TUNED.items() for lr in LRS]
+    for sweep, (_, named) in SWEEPS.items():
+        if sweep in groups:
+            plan += [(sweep, sweep_name(n, lr), [*o, "--train.lr", lr]) for n, o in named.items() for lr in LRS]
+    if "unseen-config" in groups:
+        plan += [("unseen-config", n, o) for n, o in UNSEEN.items()]
     if "mapl-lr1e-3" in groups:
         plan += [("mapl-lr1e-3", n, ["--model.n_layers", "4", *PIPE, *_codec(n, steps), "--train.lr", "1e-3"])
                  for n in HALF_LR]
-    out = [Row(name, CONFIG, base + o, group, 0 if group == "lr-sweep" else s) for group, name, o in plan
-           for s in (seeds[:1] if group == "lr-sweep" else seeds)]
-    if "tuned" in groups:
-        best = best_rates(sweep_dir) if sweep_dir else {}
-        out += [Row(n, CONFIG, base + ["--model.n_layers", "4", *PIPE, *o, "--train.lr", best[n]], "tuned", s,
-                    tags={"lr": best[n]}) for n, o in TUNED.items() if n in best for s in seeds]
+    out = [Row(name, CONFIG, base + o, group, s) for group, name, o in plan
+           for s in (seeds[:1] if group in SWEEPS else seeds)]
+    for sweep, (tuned, named) in SWEEPS.items():
+        if tuned in groups:
+            best = best_rates(sweep_dir, sweep) if sweep_dir else {}
+            out += [Row(n, CONFIG, base + [*o, "--train.lr", best[n]], tuned, s, tags={"lr": best[n], "sweep": sweep})
+                    for n, o in named.items() if n in best for s in seeds]
     if "resnet" in groups:
         out += [Row(n, "configs/resnet18_fmnist.toml", RESNET + o + list(extra), "resnet", s)
                 for n, o in RESNET_ROWS.items() for s in seeds]
@@ -195,12 +219,13 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     ``report_only`` trains nothing: the report covers the finished runs (their folders, or where a folder is
     gone, the run as the committed results.json recorded it) and lists the others as not run."""
     opt_in = tuple(g for g in OPT_IN if any(o == g or o.startswith(f"{g}/") for o in only or ()))
-    if "tuned" in opt_in and len(best_rates(out)) < len(TUNED):
-        from slimpar.config import ConfigError
+    for sweep, (tuned, named) in SWEEPS.items():
+        if tuned in opt_in and len(best_rates(out, sweep)) < len(named):
+            from slimpar.config import ConfigError
 
-        raise ConfigError(f"the 'tuned' rows take each row's best learning rate from the 'lr-sweep' group, whose runs "
-                          f"have not all finished under {out} (rows with a full sweep: {sorted(best_rates(out))}); "
-                          "run --rows lr-sweep to the end first")
+            raise ConfigError(f"the {tuned!r} rows take each row's best learning rate from the {sweep!r} group, whose "
+                              f"runs have not all finished under {out} (rows with a full sweep: "
+                              f"{sorted(best_rates(out, sweep))}); run --rows {sweep} to the end first")
     todo = select_rows(quick_rows() if quick else rows(steps, groups=GROUPS + opt_in, sweep_dir=out), only)
     out.mkdir(parents=True, exist_ok=True)
     _reuse_sweep_runs(out, todo)
@@ -241,10 +266,10 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
 
 
 def _reuse_sweep_runs(out: Path, todo: list[Row]) -> None:
-    """A ``tuned`` seed-0 run is the sweep's run at the row's best rate (the same command): link its files."""
+    """A tuned row's seed-0 run is its sweep's run at the row's best rate (the same command): link its files."""
     for r in todo:
-        if r.group == "tuned" and r.seed == 0 and not (out / "runs" / r.key).exists():
-            src = out / "runs" / Row(sweep_name(r.name, r.tags["lr"]), CONFIG, group="lr-sweep").key
+        if "sweep" in r.tags and r.seed == 0 and not (out / "runs" / r.key).exists():
+            src = out / "runs" / Row(sweep_name(r.name, r.tags["lr"]), CONFIG, group=r.tags["sweep"]).key
             if (src / "summary.json").exists():
                 shutil.copytree(src, out / "runs" / r.key, copy_function=os.link)
 

@@ -9,7 +9,7 @@ from slimpar.bench.report import commits_note, fmt, markdown_table, pm
 # each group's reference row
 BASELINE = {"sdp": "DDP", "mapl": "none", "mapl-deep": "none", "mapl-lr1e-3": "none", "resnet": "DDP",
             "rvq-update": "MAPL 16x + RVQ (EMA every microbatch)",  # the RVQ update study: against the old update
-            "anchor-form": "MAPL 4x + all changes", "tuned": "none"}
+            "anchor-form": "MAPL 4x + all changes", "tuned": "none", "sdp-tuned": "DDP", "unseen-config": "none"}
 
 
 def _mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
@@ -103,6 +103,15 @@ def _ahead(lines: list[dict], group: str, mine: str, other: str) -> dict | None:
     return {"lead": lead, "spread": spread, "met": lead > spread}
 
 
+def _at_or_below(lines: list[dict], group: str, mine: str, other: str) -> dict | None:
+    """``mine``'s mean final loss at or below ``other``'s: the lead (other − mine) and the two seed spreads."""
+    a, b = _line(lines, group, mine), _line(lines, group, other)
+    if not a or not b or a["val_loss"] is None or b["val_loss"] is None:
+        return None
+    lead, spread = b["val_loss"] - a["val_loss"], (a["val_loss_std"] or 0) + (b["val_loss_std"] or 0)
+    return {"lead": lead, "spread": spread, "met": lead >= 0}
+
+
 def targets(lines: list[dict]) -> dict[str, dict | None]:
     """Issue 10's targets, each with the measured number and whether it was met (None: rows not run)."""
     return {
@@ -133,6 +142,11 @@ def targets(lines: list[dict]) -> dict[str, dict | None]:
         "tuned, matched bytes: MAPL 4x ahead of SSN 4x": _ahead(lines, "tuned", "MAPL 4x", "SSN 4x"),
         "tuned, matched bytes: MAPL 4x ahead of naive 4x": _ahead(lines, "tuned", "MAPL 4x", "naive 4x"),
         "tuned, matched bytes: MAPL 4x within 1% of none": _within(_line(lines, "tuned", "MAPL 4x"), 0.01),
+        "tuned: B-SDP 0.5 FLOP-matched at or below DDP":
+            _within(_line(lines, "sdp-tuned", "B-SDP 0.5 FLOP-matched"), 0.0),
+        "tuned: Bb-SDP 3/8 within 2% of DDP": _within(_line(lines, "sdp-tuned", "Bb-SDP 3/8"), 0.02),
+        "unseen config, matched bytes: MAPL 4x (all changes + receiver anchors) at or below SSN 4x":
+            _at_or_below(lines, "unseen-config", "MAPL 4x (all changes + receiver anchors)", "SSN 4x"),
     }
 
 
@@ -140,10 +154,11 @@ def n_params(group: str) -> int | None:
     """Parameters of the group's model (the LLaMA groups; embeddings untied in the pipeline groups)."""
     from slimpar.models.llama import Llama, LlamaConfig
 
-    layers = {"sdp": 8, "mapl": 4, "mapl-deep": 8, "mapl-lr1e-3": 4, "lr-sweep": 4, "tuned": 4}.get(group)
+    layers = {"sdp": 8, "mapl": 4, "mapl-deep": 8, "mapl-lr1e-3": 4, "lr-sweep": 4, "tuned": 4, "sdp-lr-sweep": 8,
+              "sdp-tuned": 8, "unseen-config": 6}.get(group)
     if layers is None:
         return None
-    cfg = LlamaConfig.named("mini", n_layers=layers, vocab_size=1024, tie_embeddings=group == "sdp")
+    cfg = LlamaConfig.named("mini", n_layers=layers, vocab_size=1024, tie_embeddings=group.startswith("sdp"))
     return sum(p.numel() for p in Llama(cfg).parameters())
 
 

@@ -231,6 +231,9 @@ def test_the_sweep_runs_one_seed_per_rate_and_tuned_rows_take_the_best(tmp_path)
         assert r.overrides == same.overrides  # seed 0 of a tuned row is the sweep's run at its best rate
     with pytest.raises(Exception, match="run --rows lr-sweep to the end first"):
         quality.bench_quality(tmp_path, quick=False, only={"tuned"})
+    sdp = quality.rows(groups=("sdp-lr-sweep",))  # the SDP rows batched, DDP as it is
+    assert {r.name.rpartition(" at lr ")[0] for r in sdp} == set(quality.SDP_TUNED)
+    assert all(("--sdp.virtual_batched" in r.overrides) != r.name.startswith("DDP") for r in sdp)
 
 
 def test_the_sweep_table_marks_the_best_rate_and_an_edge():
