@@ -214,32 +214,75 @@ def quick_rows() -> list[Row]:
 
 def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: int = 2,
                   steps: int = STEPS, report_only: bool = False) -> dict:
-    """Run (or reuse) every selected run, ``jobs`` at a time, rewriting the report after each one.
+    """Run (or reuse) every selected run, ``jobs`` at a time, rewriting the report after each one. A tuned
+    group runs after the others, once its sweep has given each row its rate.
 
     ``report_only`` trains nothing: the report covers the finished runs (their folders, or where a folder is
     gone, the run as the committed results.json recorded it) and lists the others as not run."""
     opt_in = tuple(g for g in OPT_IN if any(o == g or o.startswith(f"{g}/") for o in only or ()))
-    for sweep, (tuned, named) in SWEEPS.items():
-        if tuned in opt_in and len(best_rates(out, sweep)) < len(named):
-            from slimpar.config import ConfigError
-
-            raise ConfigError(f"the {tuned!r} rows take each row's best learning rate from the {sweep!r} group, whose "
-                              f"runs have not all finished under {out} (rows with a full sweep: "
-                              f"{sorted(best_rates(out, sweep))}); run --rows {sweep} to the end first")
-    todo = select_rows(quick_rows() if quick else rows(steps, groups=GROUPS + opt_in, sweep_dir=out), only)
+    _check_sweeps(out, opt_in)
+    first, tuned_only = _split_tuned(only)
+    groups = tuple(g for g in GROUPS + opt_in if g not in TUNED_GROUPS)
+    todo = [] if only and not first else select_rows(quick_rows() if quick else rows(steps, groups=groups), first)
     out.mkdir(parents=True, exist_ok=True)
-    _reuse_sweep_runs(out, todo)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per run: ``jobs`` runs share the cores
     results: dict[str, dict] = {}
     failed: list[str] = []
-    lock = threading.Lock()
     meta = metadata({"quick": quick, "jobs": jobs, "steps": steps})
+    tuned = tuple(g for g in opt_in if g in TUNED_GROUPS)
     if report_only:
+        todo += _tuned_rows(out, steps, tuned, tuned_only)
         recorded = _recorded_runs(out)
         results = {r.key: run_row(r, out) if (out / "runs" / r.key / "summary.json").exists()
                    else recorded[(r.group, r.name, r.seed)] for r in todo
                    if (out / "runs" / r.key / "summary.json").exists() or (r.group, r.name, r.seed) in recorded}
         return _write(out, todo, results, failed, meta)
+    _run(out, todo, todo, results, failed, meta, jobs)
+    if tuned:  # the sweeps have finished: each tuned row's rate is known now
+        _check_sweeps(out, tuned, ran=True)
+        later = _tuned_rows(out, steps, tuned, tuned_only)
+        _reuse_sweep_runs(out, later)
+        todo += later
+        _run(out, later, todo, results, failed, meta, jobs)
+    data = _write(out, todo, results, failed, meta)
+    if failed:
+        raise RuntimeError(f"{len(failed)} benchmark runs failed: {'; '.join(failed)}")
+    return data
+
+
+TUNED_GROUPS = tuple(t for t, _ in SWEEPS.values())
+
+
+def _split_tuned(only: set[str] | None) -> tuple[set[str] | None, set[str]]:
+    """``--rows`` split into what selects runs of the first phase and what selects tuned runs."""
+    if not only:
+        return only, set()
+    tuned = {o for o in only if o.split("/")[0] in TUNED_GROUPS}
+    return only - tuned, tuned
+
+
+def _check_sweeps(out: Path, groups: tuple[str, ...], ran: bool = False) -> None:
+    """A tuned group needs its sweep finished under ``out``, or selected to run first (``ran``: it has run)."""
+    from slimpar.config import ConfigError
+
+    for sweep, (tuned, named) in SWEEPS.items():
+        if tuned in groups and (ran or sweep not in groups) and len(best_rates(out, sweep)) < len(named):
+            raise ConfigError(f"the {tuned!r} rows take each row's best learning rate from the {sweep!r} group, whose "
+                              f"runs have not all finished under {out} (rows with a full sweep: "
+                              f"{sorted(best_rates(out, sweep))}); run --rows {sweep} to the end first, or both: "
+                              f"--rows {sweep},{tuned}")
+
+
+def _tuned_rows(out: Path, steps: int, tuned: tuple[str, ...], only: set[str]) -> list[Row]:
+    if not tuned:
+        return []
+    return select_rows([r for r in rows(steps, groups=tuned, sweep_dir=out) if r.group in tuned], only)
+
+
+def _run(out: Path, batch: list[Row], todo: list[Row], results: dict, failed: list[str], meta: dict,
+         jobs: int) -> None:
+    """Run ``batch``'s rows ``jobs`` at a time, rewriting the report of all of ``todo`` after each."""
+    lock = threading.Lock()
 
     def one(row: Row) -> None:
         try:
@@ -256,13 +299,9 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     from rich.progress import Progress
 
     with Progress() as bar, ThreadPoolExecutor(jobs) as pool:
-        task = bar.add_task(f"bench quality ({len(todo)} runs, {jobs} at a time)", total=len(todo))
-        for _ in pool.map(lambda r: (one(r), bar.advance(task)), todo):
+        task = bar.add_task(f"bench quality ({len(batch)} runs, {jobs} at a time)", total=len(batch))
+        for _ in pool.map(lambda r: (one(r), bar.advance(task)), batch):
             pass
-    data = _write(out, todo, results, failed, meta)
-    if failed:
-        raise RuntimeError(f"{len(failed)} benchmark runs failed: {'; '.join(failed)}")
-    return data
 
 
 def _reuse_sweep_runs(out: Path, todo: list[Row]) -> None:

@@ -253,3 +253,32 @@ def test_the_gap_on_each_half_is_paired_like_the_gap():
         r["summary"]["val_loss_half1"], r["summary"]["val_loss_half2"] = halves
     line = next(ln for ln in quality_report.aggregate(runs) if ln["row"] == "MAPL 4x")
     assert line["val_loss_gap_halves"] == pytest.approx([0.01, 0.0])  # (0.02 + 0) / 2 on the first half
+
+
+def test_a_sweep_and_its_tuned_group_run_in_one_call_the_tuned_after(tmp_path, monkeypatch):
+    """``--rows lr-sweep,tuned``: every sweep run first, then 3 seeds per row at its best rate, seed 0 reused."""
+    import json
+
+    trained = []
+
+    def fake_run_row(row, root, timeout=0):
+        folder = root / "runs" / row.key
+        if not (folder / "summary.json").exists():
+            trained.append((row.group, row.name, row.seed))
+            folder.mkdir(parents=True)
+            lr = float(row.overrides[row.overrides.index("--train.lr") + 1])
+            val = 3.5 + abs(lr - 1e-3) * 100 + row.seed * 0.01  # the best rate is 1e-3 for every row
+            (folder / "summary.json").write_text(json.dumps({"val_loss": val, "steps": 2000}))
+        summary = json.loads((folder / "summary.json").read_text())
+        return {"row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags, "command": "cmd",
+                "summary": summary, "curve": [], "wall_s": None}
+
+    monkeypatch.setattr(quality, "run_row", fake_run_row)
+    monkeypatch.setattr(quality, "plots", lambda *a, **k: None)
+    data = quality.bench_quality(tmp_path, quick=False, only={"lr-sweep", "tuned"})
+    n_sweep = len(quality.TUNED) * len(quality.LRS)
+    assert all(g == "lr-sweep" for g, _, _ in trained[:n_sweep])  # the whole sweep before any tuned run
+    assert sorted(trained[n_sweep:]) == sorted(("tuned", n, s) for n in quality.TUNED for s in (1, 2))
+    tuned = [r for r in data["runs"] if r["group"] == "tuned"]
+    assert len(tuned) == 3 * len(quality.TUNED) and all(r["tags"]["lr"] == "1e-3" for r in tuned)
+    assert not data["pending"] and not data["failed"]
