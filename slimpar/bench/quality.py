@@ -27,6 +27,10 @@ Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8
 - ``tuned`` (opt-in, after ``lr-sweep``): the same rows, 3 seeds, each at its best rate of the sweep.
 - ``sdp-lr-sweep`` and ``sdp-tuned`` (opt-in): the same for DDP, B-SDP 0.5 (iteration- and FLOP-matched),
   Bb-SDP 0.5 and 3/8, the SDP rows batched (``sdp.virtual_batched``).
+- ``length`` (opt-in, after both sweeps): LENGTH_ROWS at 2,000 to 32,000 steps (16x in tokens, up to 16 and 10
+  tokens per parameter), 3 seeds, each row at its tuned rate; the report fits each gap against log tokens.
+- ``width`` (opt-in, after ``lr-sweep``): none, SSN 4x and MAPL 4x at d = 64, 128 and 256, equal tokens per
+  parameter; the report fits each gap against log parameters and extrapolates it to the paper's 150M.
 - ``unseen-config`` (opt-in): none, SSN 4x and MAPL 4x with today's defaults and with the candidate ones,
   at matched bytes, on a config no other row uses (6 blocks in 3 stages, 4 x 128 tokens a step; item 5).
 
@@ -132,9 +136,18 @@ UNSEEN = {
     "MAPL 4x (all changes + receiver anchors)": [*_UNSEEN, *CODECS["MAPL 4x + all changes (receiver anchors)"],
                                                 *_MATCHED],
 }
+# issue 20, item 3: the gap against training length, each row at its tuned rate, 3 seeds (its 2,000 steps are the
+# tuned group's runs). 32,000 steps are 16.4M tokens: 16 tokens per parameter for the 4-block pipeline, 10 for SDP
+LENGTHS = (2000, 5000, 12500, 32000)
+LENGTH_ROWS = ("none", "int8", "SSN 4x", "MAPL 4x", "naive 4x", *SDP_TUNED)
+# issue 20, item 4: none, SSN 4x and MAPL 4x at d = 64, 128 and 256 (4 blocks in 4 stages), each at the tokens per
+# parameter of 2,000 steps at d = 128 (1.02) and at its rate tuned at d = 128
+WIDTHS = {"tiny": 64, "mini": 128, "small": 256}
+WIDTH_ROWS = ("none", "SSN 4x", "MAPL 4x")
 GROUPS = ("mapl", "sdp", "mapl-ablations", "mapl-deep", "mapl-lr1e-3", "resnet")
 # studies that run only when --rows names them: the default set keeps its hours
-OPT_IN = ("rvq-update", "anchor-form", "lr-sweep", "tuned", "sdp-lr-sweep", "sdp-tuned", "unseen-config")
+OPT_IN = ("rvq-update", "anchor-form", "lr-sweep", "tuned", "sdp-lr-sweep", "sdp-tuned", "unseen-config", "length",
+          "width")
 
 
 def _codec(name: str, steps: int) -> list[str]:
@@ -193,11 +206,7 @@ def rows(steps: int = STEPS, seeds: tuple[int, ...] = SEEDS, groups: tuple[str, 
                  for n in HALF_LR]
     out = [Row(name, CONFIG, base + o, group, s) for group, name, o in plan
            for s in (seeds[:1] if group in SWEEPS else seeds)]
-    for sweep, (tuned, named) in SWEEPS.items():
-        if tuned in groups:
-            best = best_rates(sweep_dir, sweep) if sweep_dir else {}
-            out += [Row(n, CONFIG, base + [*o, "--train.lr", best[n]], tuned, s, tags={"lr": best[n], "sweep": sweep})
-                    for n, o in named.items() if n in best for s in seeds]
+    out += _rate_rows(steps, seeds, groups, sweep_dir, base)
     if "resnet" in groups:
         out += [Row(n, "configs/resnet18_fmnist.toml", RESNET + o + list(extra), "resnet", s)
                 for n, o in RESNET_ROWS.items() for s in seeds]
@@ -221,7 +230,7 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     gone, the run as the committed results.json recorded it) and lists the others as not run."""
     opt_in = tuple(g for g in OPT_IN if any(o == g or o.startswith(f"{g}/") for o in only or ()))
     _check_sweeps(out, opt_in)
-    first, tuned_only = _split_tuned(only)
+    first, later_only = _split_tuned(only)
     groups = tuple(g for g in GROUPS + opt_in if g not in TUNED_GROUPS)
     todo = [] if only and not first else select_rows(quick_rows() if quick else rows(steps, groups=groups), first)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,18 +238,18 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     results: dict[str, dict] = {}
     failed: list[str] = []
     meta = metadata({"quick": quick, "jobs": jobs, "steps": steps})
-    tuned = tuple(g for g in opt_in if g in TUNED_GROUPS)
+    phases = [tuple(g for g in opt_in if g in phase) for phase in PHASES]
     if report_only:
-        todo += _tuned_rows(out, steps, tuned, tuned_only)
+        todo += [r for phase in phases for r in _tuned_rows(out, steps, phase, later_only)]
         recorded = _recorded_runs(out)
         results = {r.key: run_row(r, out) if (out / "runs" / r.key / "summary.json").exists()
                    else recorded[(r.group, r.name, r.seed)] for r in todo
                    if (out / "runs" / r.key / "summary.json").exists() or (r.group, r.name, r.seed) in recorded}
         return _write(out, todo, results, failed, meta)
     _run(out, todo, todo, results, failed, meta, jobs)
-    if tuned:  # the sweeps have finished: each tuned row's rate is known now
-        _check_sweeps(out, tuned, ran=True)
-        later = _tuned_rows(out, steps, tuned, tuned_only)
+    for phase in (p for p in phases if p):  # the sweeps have finished: each row's rate is known now
+        _check_sweeps(out, phase, ran=True)
+        later = _tuned_rows(out, steps, phase, later_only)
         _reuse_sweep_runs(out, later)
         todo += later
         _run(out, later, todo, results, failed, meta, jobs)
@@ -250,7 +259,11 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     return data
 
 
-TUNED_GROUPS = tuple(t for t, _ in SWEEPS.values())
+# the groups that run at the sweeps' rates, in phases after the sweeps: the tuned groups, then the length and
+# width sweeps (whose shortest or d = 128 runs are the tuned groups' runs)
+PHASES = (tuple(t for t, _ in SWEEPS.values()), ("length", "width"))
+TUNED_GROUPS = tuple(g for phase in PHASES for g in phase)
+NEEDS = {"tuned": ("lr-sweep",), "sdp-tuned": ("sdp-lr-sweep",), "length": tuple(SWEEPS), "width": ("lr-sweep",)}
 
 
 def _split_tuned(only: set[str] | None) -> tuple[set[str] | None, set[str]]:
@@ -262,15 +275,18 @@ def _split_tuned(only: set[str] | None) -> tuple[set[str] | None, set[str]]:
 
 
 def _check_sweeps(out: Path, groups: tuple[str, ...], ran: bool = False) -> None:
-    """A tuned group needs its sweep finished under ``out``, or selected to run first (``ran``: it has run)."""
+    """A group that runs at the sweeps' rates needs its sweeps finished under ``out``, or selected to run first
+    (``ran``: they have run)."""
     from slimpar.config import ConfigError
 
-    for sweep, (tuned, named) in SWEEPS.items():
-        if tuned in groups and (ran or sweep not in groups) and len(best_rates(out, sweep)) < len(named):
-            raise ConfigError(f"the {tuned!r} rows take each row's best learning rate from the {sweep!r} group, whose "
-                              f"runs have not all finished under {out} (rows with a full sweep: "
-                              f"{sorted(best_rates(out, sweep))}); run --rows {sweep} to the end first, or both: "
-                              f"--rows {sweep},{tuned}")
+    for group in (g for g in groups if g in NEEDS):
+        for sweep in NEEDS[group]:
+            named = SWEEPS[sweep][1]
+            if (ran or sweep not in groups) and len(best_rates(out, sweep)) < len(named):
+                raise ConfigError(f"the {group!r} rows take each row's best learning rate from the {sweep!r} group, "
+                                  f"whose runs have not all finished under {out} (rows with a full sweep: "
+                                  f"{sorted(best_rates(out, sweep))}); run --rows {sweep} to the end first, or "
+                                  f"both: --rows {sweep},{group}")
 
 
 def _tuned_rows(out: Path, steps: int, tuned: tuple[str, ...], only: set[str]) -> list[Row]:
@@ -304,11 +320,53 @@ def _run(out: Path, batch: list[Row], todo: list[Row], results: dict, failed: li
             pass
 
 
+def _rate_rows(steps: int, seeds: tuple[int, ...], groups: tuple[str, ...], sweep_dir: Path | None,
+               base: list[str]) -> list[Row]:
+    """The rows that run at the rates the sweeps under ``sweep_dir`` found (a row whose sweep has not finished is
+    left out): the tuned groups, the length sweep and the width sweep. A run with the same command as one of an
+    earlier group carries that run's key in ``tags["same_as"]`` and reuses it."""
+    rates = {sweep: best_rates(sweep_dir, sweep) if sweep_dir else {} for sweep in SWEEPS}
+    out = []
+    for sweep, (tuned, named) in SWEEPS.items():
+        if tuned in groups:
+            out += [Row(n, CONFIG, base + [*o, "--train.lr", lr], tuned, s,
+                        tags={"lr": lr, "same_as": Row(sweep_name(n, lr), CONFIG, group=sweep).key} if s == 0 else
+                        {"lr": lr}) for n, o in named.items() if (lr := rates[sweep].get(n)) for s in seeds]
+    rate = {**rates["lr-sweep"], **rates["sdp-lr-sweep"]}
+    named = {**TUNED, **SDP_TUNED}
+    tuned_of = {n: SWEEPS[w][0] for w in SWEEPS for n in SWEEPS[w][1]}
+    if "length" in groups:
+        out += [Row(f"{n} at {k} steps", CONFIG, ["--train.steps", str(k), *named[n], "--train.lr", rate[n]],
+                    "length", s, tags={"lr": rate[n], "steps": k, **_same(k == STEPS, n, tuned_of[n], s)})
+                for k in LENGTHS for n in LENGTH_ROWS if n in rate for s in seeds]
+    if "width" in groups:
+        for size, d in WIDTHS.items():
+            n_steps = round(STEPS * width_params(size) / width_params("mini"))
+            sized = [] if size == "mini" else ["--model.size", size]
+            out += [Row(f"{n} at d {d}", CONFIG, ["--train.steps", str(n_steps), *TUNED[n], *sized, "--train.lr",
+                                                   rate[n]], "width", s,
+                        tags={"lr": rate[n], "d": d, **_same(size == "mini", n, "tuned", s)})
+                    for n in WIDTH_ROWS if n in rate for s in seeds]
+    return out
+
+
+def _same(same: bool, name: str, group: str, seed: int) -> dict:
+    return {"same_as": Row(name, CONFIG, group=group, seed=seed).key} if same else {}
+
+
+def width_params(size: str) -> int:
+    """Parameters of the width sweep's model: 4 blocks of LLaMA ``size``, the 1024-token BPE, untied."""
+    from slimpar.models.llama import Llama, LlamaConfig
+
+    cfg = LlamaConfig.named(size, n_layers=4, vocab_size=1024, tie_embeddings=False)
+    return sum(p.numel() for p in Llama(cfg).parameters())
+
+
 def _reuse_sweep_runs(out: Path, todo: list[Row]) -> None:
-    """A tuned row's seed-0 run is its sweep's run at the row's best rate (the same command): link its files."""
+    """A run whose command an earlier group's run already ran (``tags["same_as"]``): link that run's files."""
     for r in todo:
-        if "sweep" in r.tags and r.seed == 0 and not (out / "runs" / r.key).exists():
-            src = out / "runs" / Row(sweep_name(r.name, r.tags["lr"]), CONFIG, group=r.tags["sweep"]).key
+        if "same_as" in r.tags and not (out / "runs" / r.key).exists():
+            src = out / "runs" / r.tags["same_as"]
             if (src / "summary.json").exists():
                 shutil.copytree(src, out / "runs" / r.key, copy_function=os.link)
 
@@ -329,7 +387,7 @@ def _write(out: Path, todo: list[Row], results: dict[str, dict], failed: list[st
     data = {"meta": meta, "lines": lines, "targets": targets(lines), "pending": pending, "failed": failed,
             "runs": done}
     write_json(out / "results.json", data)
-    (out / "report.md").write_text(report_markdown(lines, meta, pending, failed))
+    (out / "report.md").write_text(report_markdown(lines, meta, pending, failed, done))
     if done:
         plots(done, lines, out)
     return data

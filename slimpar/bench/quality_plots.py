@@ -5,7 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from slimpar.bench.quality_report import BASELINE
+from slimpar.bench import quality_trends
+from slimpar.bench.quality_report import BASELINE, TREND_GROUPS
 
 
 def _points(run: dict, key: str) -> dict[int, float]:
@@ -35,6 +36,9 @@ def plots(results: list[dict], lines: list[dict], out: Path) -> None:
 
     plt = _plt()
     for group in dict.fromkeys(ln["group"] for ln in lines):
+        if group in TREND_GROUPS:  # dozens of (row, length) lines: the gap against tokens or parameters instead
+            quality_trends.plot(results, group, out)
+            continue
         runs = [r for r in results if r["group"] == group]
         names = list(dict.fromkeys(r["row"] for r in runs))
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))

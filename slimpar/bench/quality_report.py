@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import statistics
 
+from slimpar.bench import quality_trends
+from slimpar.bench.quality_trends import baseline_name
 from slimpar.bench.report import commits_note, fmt, markdown_table, pm
+
+TREND_GROUPS = ("length", "width")  # each row's baseline is none or DDP at its own length or width
 
 # each group's reference row
 BASELINE = {"sdp": "DDP", "mapl": "none", "mapl-deep": "none", "mapl-lr1e-3": "none", "resnet": "DDP",
@@ -57,7 +61,7 @@ def aggregate(results: list[dict]) -> list[dict]:
         lines.setdefault((r["group"], r["row"]), []).append(r)
     out = []
     for (group, name), runs in lines.items():
-        base = lines.get((group, BASELINE.get(group, "")))
+        base = lines.get((group, baseline_name(name) if group in TREND_GROUPS else BASELINE.get(group, "")))
         steps = runs[0]["summary"].get("steps")
         line = {"group": group, "row": name, "seeds": sorted(r["seed"] for r in runs), "steps": steps,
                 "command": runs[0]["command"]}
@@ -112,6 +116,25 @@ def _at_or_below(lines: list[dict], group: str, mine: str, other: str) -> dict |
     return {"lead": lead, "spread": spread, "met": lead >= 0}
 
 
+def _lengths(lines: list[dict]) -> list[int]:
+    return sorted({int(ln["row"].rpartition(" at ")[2].split()[0]) for ln in lines if ln["group"] == "length"})
+
+
+def _every_length(lines: list[dict], at) -> dict | None:
+    """A target at every length of the length sweep: the worst length's numbers, met only if every length is
+    (None until every length has run)."""
+    got = [at(k) for k in _lengths(lines)]
+    if not got or None in got:
+        return None
+    worst = min(got, key=lambda v: v["lead"] - v["spread"] if "lead" in v else -v["gap"])
+    return {**worst, "met": all(v["met"] for v in got), "within_std": all(v.get("within_std", v["met"]) for v in got)}
+
+
+def _longest(lines: list[dict], at) -> dict | None:
+    ks = _lengths(lines)
+    return at(ks[-1]) if ks else None
+
+
 def targets(lines: list[dict]) -> dict[str, dict | None]:
     """Issue 10's targets, each with the measured number and whether it was met (None: rows not run)."""
     return {
@@ -145,6 +168,15 @@ def targets(lines: list[dict]) -> dict[str, dict | None]:
         "tuned: B-SDP 0.5 FLOP-matched at or below DDP":
             _within(_line(lines, "sdp-tuned", "B-SDP 0.5 FLOP-matched"), 0.0),
         "tuned: Bb-SDP 3/8 within 2% of DDP": _within(_line(lines, "sdp-tuned", "Bb-SDP 3/8"), 0.02),
+        # issue 20's targets over the length sweep: the worst length, or the longest
+        "length sweep: MAPL 4x ahead of SSN 4x at every length": _every_length(
+            lines, lambda k: _ahead(lines, "length", f"MAPL 4x at {k} steps", f"SSN 4x at {k} steps")),
+        "length sweep: MAPL 4x within 1% of none at the longest length": _longest(
+            lines, lambda k: _within(_line(lines, "length", f"MAPL 4x at {k} steps"), 0.01)),
+        "length sweep: B-SDP 0.5 FLOP-matched at or below DDP at every length": _every_length(
+            lines, lambda k: _within(_line(lines, "length", f"B-SDP 0.5 FLOP-matched at {k} steps"), 0.0)),
+        "length sweep: Bb-SDP 3/8 within 2% of DDP at the longest length": _longest(
+            lines, lambda k: _within(_line(lines, "length", f"Bb-SDP 3/8 at {k} steps"), 0.02)),
         "unseen config, matched bytes: MAPL 4x (all changes + receiver anchors) at or below SSN 4x":
             _at_or_below(lines, "unseen-config", "MAPL 4x (all changes + receiver anchors)", "SSN 4x"),
     }
@@ -155,7 +187,7 @@ def n_params(group: str) -> int | None:
     from slimpar.models.llama import Llama, LlamaConfig
 
     layers = {"sdp": 8, "mapl": 4, "mapl-deep": 8, "mapl-lr1e-3": 4, "lr-sweep": 4, "tuned": 4, "sdp-lr-sweep": 8,
-              "sdp-tuned": 8, "unseen-config": 6}.get(group)
+              "sdp-tuned": 8, "unseen-config": 6}.get(group)  # the length and width groups mix models
     if layers is None:
         return None
     cfg = LlamaConfig.named("mini", n_layers=layers, vocab_size=1024, tie_embeddings=group.startswith("sdp"))
@@ -166,7 +198,8 @@ def _pm(mean, std, digits: int = 4, pct: bool = False) -> str:
     return pm(mean, std, 2 if pct else digits, pct)
 
 
-def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: list[str]) -> str:
+def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: list[str],
+                    results: list[dict] | None = None) -> str:
     out = [f"# slimpar bench quality\n\nReport written {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), "
            f"commit `{meta['git_commit']}`, torch {meta['versions']['torch']}. Each run is one `slimpar train` process "
            f"on one thread (virtual SDP / virtual pipeline); {meta.get('jobs', 1)} runs at a time. Values are mean ± "
@@ -206,8 +239,10 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
         if halves:
             out.append("\nGap on each half: the same paired gap measured on the first and on the second half of the "
                        "held-out set; their difference is the evaluation's noise floor.\n")
-        if group == "lr-sweep":
+        if group.endswith("lr-sweep"):
             out.append(sweep_markdown(mine))
+        if group in TREND_GROUPS and results:
+            out.append(quality_trends.markdown(results, group))
     out.append("\n## Targets (issue 10)\n\n" + _targets_table(targets(lines)))
     out.append(_time(lines, meta.get("jobs", 1)))
     if pending:

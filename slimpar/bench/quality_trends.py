@@ -1,0 +1,159 @@
+"""The length and width sweeps of ``slimpar bench quality`` (issue 20, items 3 and 4): each row's gap to its
+baseline against training tokens or model parameters, the fitted trend, and the width sweep's extrapolation.
+
+Rows are named ``"<row> at <N> steps"`` (length) or ``"<row> at d <D>"`` (width); a row's baseline is ``none``
+(pipeline rows) or ``DDP`` (SDP rows) at the same length or width, paired by seed.
+
+Fit: ordinary least squares of every seed's paired gap g = row_s / baseline_s − 1 on x = log10(tokens) or
+log10(parameters): g = a + b·x. The slope's standard error comes from the residuals (n − 2 degrees of
+freedom). Over the sweep, the gap **shrinks** when b + t·se < 0, **grows** when b − t·se > 0 (t: the two-sided
+95% Student quantile), and otherwise **holds** within the uncertainty. The width sweep's extrapolation to the
+paper's 150M-parameter model is a + b·log10(150M) with its 95% prediction interval; it assumes that the
+log-linear trend goes on for 50x in parameters, at the sweep's tokens per parameter and with each row's learning
+rate tuned at d = 128, which three widths cannot test.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from slimpar.bench.report import markdown_table
+
+PAPER_PARAMS = 150e6  # the paper's 4x claim: MAPL within 0.84% of the uncompressed model at 150M parameters
+PAPER_GAP = 0.0084
+SDP_FAMILY = ("DDP", "B-SDP", "Bb-SDP", "N-SDP")
+TOKENS_PER_STEP = 8 * 64  # llama_quality.toml's batch
+
+
+def split_name(row: str) -> tuple[str, str]:
+    """("MAPL 4x", "5000 steps") from "MAPL 4x at 5000 steps"."""
+    head, _, at = row.rpartition(" at ")
+    return head, at
+
+
+def baseline_name(row: str) -> str:
+    """The row a trend row is compared with: none or DDP at the same length or width."""
+    head, at = split_name(row)
+    return f"{'DDP' if head.startswith(SDP_FAMILY) else 'none'} at {at}"
+
+
+def _x(group: str, at: str, run: dict) -> float:
+    """log10 of the training tokens (length; FLOP-matched rows count DDP's steps) or of the parameters (width)."""
+    if group == "length":
+        return math.log10(int(at.split()[0]) * TOKENS_PER_STEP)
+    from slimpar.bench.quality import WIDTHS, width_params
+
+    size = next(s for s, d in WIDTHS.items() if f"d {d}" == at)
+    return math.log10(width_params(size))
+
+
+def points(results: list[dict], group: str) -> dict[str, list[tuple[float, float]]]:
+    """Row family -> every (x, paired gap) of ``group``'s runs whose baseline ran with the same seed."""
+    runs = [r for r in results if r["group"] == group]
+    base = {(r["row"], r["seed"]): r["summary"].get("val_loss") for r in runs}
+    out: dict[str, list[tuple[float, float]]] = {}
+    for r in runs:
+        head, at = split_name(r["row"])
+        ref, mine = base.get((baseline_name(r["row"]), r["seed"])), r["summary"].get("val_loss")
+        if r["row"] == baseline_name(r["row"]) or not ref or mine is None:
+            continue
+        out.setdefault(head, []).append((_x(group, at, r), mine / ref - 1))
+    return out
+
+
+def fit(pts: list[tuple[float, float]]) -> dict | None:
+    """OLS of gap on x: slope b, intercept a, their standard errors, and the verdict over the sweep (None for
+    fewer than 3 points or a single x)."""
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    n = len(pts)
+    if n < 3 or len(set(xs)) < 2:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    a = my - b * mx
+    s2 = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True)) / (n - 2)
+    from scipy.stats import t as student
+
+    tq = float(student.ppf(0.975, n - 2))
+    se = math.sqrt(s2 / sxx)
+    verdict = "shrinks" if b + tq * se < 0 else "grows" if b - tq * se > 0 else "holds"
+    return {"a": a, "b": b, "b_se": se, "t": tq, "n": n, "mean_x": mx, "sxx": sxx, "s2": s2, "verdict": verdict,
+            "xs": sorted(set(xs))}
+
+
+def predict(f: dict, x: float) -> tuple[float, float]:
+    """The fitted gap at x and the half-width of its 95% prediction interval (a new seed at x)."""
+    half = f["t"] * math.sqrt(f["s2"] * (1 + 1 / f["n"] + (x - f["mean_x"]) ** 2 / f["sxx"]))
+    return f["a"] + f["b"] * x, half
+
+
+def markdown(results: list[dict], group: str) -> str:
+    """The sweep's table: each row's gap at every point (mean ± std over seeds), the fitted slope and verdict."""
+    pts = points(results, group)
+    if not pts:
+        return ""
+    xs = sorted({x for p in pts.values() for x, _ in p})
+    unit = "tokens" if group == "length" else "parameters"
+    headers = ["row", *(f"{10 ** x / 1e6:.2f}M {unit}" for x in xs), "slope per 10x (± se)", "over the sweep"]
+    extra = group == "width"
+    if extra:
+        headers.append("extrapolated to 150M (95% interval)")
+    body = []
+    for row, p in pts.items():
+        cells = [row]
+        for x in xs:
+            gaps = [g for px, g in p if px == x]
+            std = f" ± {100 * statistics.stdev(gaps):.2f}" if len(gaps) > 1 else ""
+            cells.append(f"{100 * statistics.fmean(gaps):+.2f}%{std} ({len(gaps)})" if gaps else "–")
+        f = fit(p)
+        cells += [f"{100 * f['b']:+.2f} ± {100 * f['b_se']:.2f} points" if f else "–", f["verdict"] if f else "–"]
+        if extra:
+            if f:
+                mid, half = predict(f, math.log10(PAPER_PARAMS))
+                cells.append(f"{100 * mid:+.1f}% [{100 * (mid - half):+.1f}, {100 * (mid + half):+.1f}]")
+            else:
+                cells.append("–")
+        body.append(cells)
+    what = "training tokens" if group == "length" else "model parameters (equal tokens per parameter)"
+    note = (f"\nGap to the baseline at the same {'length' if group == 'length' else 'width'}, paired by seed (mean ± "
+            f"std, seeds in brackets), against {what}; slope: the OLS fit of every seed's gap on log10({unit}), in "
+            "percentage points per 10x, with its standard error; over the sweep: shrinks or grows where the 95% "
+            "interval of the slope excludes 0, holds otherwise.")
+    if extra:
+        note += (f" Extrapolation: the fit at {PAPER_PARAMS / 1e6:.0f}M parameters with its 95% prediction interval, "
+                 f"assuming the log-linear trend holds for 50x more parameters (the paper: MAPL 4x "
+                 f"+{100 * PAPER_GAP:.2f}%).")
+    return f"\n{'Length' if group == 'length' else 'Width'} sweep:\n\n" + markdown_table(headers, body) + note + "\n"
+
+
+def plot(results: list[dict], group: str, out: Path) -> None:
+    """Gap (%) against tokens or parameters on a log axis: each point's mean with its seed spread, and the fit."""
+    pts = points(results, group)
+    if not pts:
+        return
+    from slimpar.bench.plots import _plt
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (row, p) in enumerate(pts.items()):
+        colour = plt.get_cmap("tab10")(i % 10)
+        xs = sorted({x for x, _ in p})
+        means = [statistics.fmean(g for px, g in p if px == x) for x in xs]
+        stds = [statistics.stdev(gs) if len(gs := [g for px, g in p if px == x]) > 1 else 0.0 for x in xs]
+        ax.errorbar([10 ** x for x in xs], [100 * m for m in means], yerr=[100 * s for s in stds], fmt="o",
+                    color=colour, capsize=3, label=row)
+        f = fit(p)
+        if f:
+            grid = [xs[0] + (xs[-1] - xs[0]) * k / 20 for k in range(21)]
+            ax.plot([10 ** x for x in grid], [100 * (f["a"] + f["b"] * x) for x in grid], color=colour, lw=0.8)
+    ax.set_xscale("log")
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set(xlabel="training tokens" if group == "length" else "parameters", ylabel="val loss gap vs baseline (%)",
+           title=f"{group} sweep: gap, seed spread and log-linear fit")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / f"gap_vs_{'tokens' if group == 'length' else 'params'}.png", dpi=120)
+    plt.close(fig)

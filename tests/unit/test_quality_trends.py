@@ -1,0 +1,107 @@
+"""The length and width sweeps of ``bench quality``: their rows, the paired gaps, the fit against scipy, the
+verdicts and the extrapolation's interval against a hand computation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from scipy import stats
+
+from slimpar.bench import quality, quality_report, quality_trends
+
+
+def _run(group: str, row: str, seed: int, val: float) -> dict:
+    return {"group": group, "row": row, "seed": seed, "command": "cmd", "curve": [],
+            "summary": {"val_loss": val, "val_wikipedia_loss": None, "steps": 2000}}
+
+
+def _sweep_done(tmp_path, sweep: str, names) -> None:
+    from slimpar.bench.runner import Row
+
+    for name in names:
+        for lr in quality.LRS:
+            folder = tmp_path / "runs" / Row(quality.sweep_name(name, lr), quality.CONFIG, group=sweep).key
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text(json.dumps({"val_loss": 3.0 + abs(float(lr) - 1e-3)}))
+
+
+def test_length_and_width_rows_run_at_the_tuned_rates_and_reuse_the_tuned_runs(tmp_path):
+    _sweep_done(tmp_path, "lr-sweep", quality.TUNED)
+    _sweep_done(tmp_path, "sdp-lr-sweep", quality.SDP_TUNED)
+    tuned = {r.key: r for r in quality.rows(groups=("tuned", "sdp-tuned"), sweep_dir=tmp_path)}
+    length = quality.rows(groups=("length",), sweep_dir=tmp_path)
+    assert len(length) == len(quality.LENGTH_ROWS) * len(quality.LENGTHS) * 3
+    assert quality.LENGTHS[-1] / quality.LENGTHS[0] >= 16  # the issue: at least 16x in tokens
+    assert quality.LENGTHS[-1] * 512 / 1_607_808 >= 10  # and >= 10 tokens per parameter for the larger (SDP) model
+    for r in length:
+        assert r.overrides[-2:] == ["--train.lr", "1e-3"] and r.overrides[1] == str(r.tags["steps"])
+        if r.tags["steps"] == quality.STEPS:  # the same command as the tuned run it reuses
+            assert tuned[r.tags["same_as"]].overrides == r.overrides
+        else:
+            assert "same_as" not in r.tags
+    width = quality.rows(groups=("width",), sweep_dir=tmp_path)
+    per_param = {r.tags["d"]: int(r.overrides[1]) * 512 / quality.width_params(
+        next(s for s, d in quality.WIDTHS.items() if d == r.tags["d"])) for r in width}
+    assert max(per_param.values()) == pytest.approx(min(per_param.values()), rel=0.01)  # equal tokens per parameter
+    mid = [r for r in width if r.tags["d"] == 128]
+    assert all(tuned[r.tags["same_as"]].overrides == r.overrides for r in mid)
+
+
+def test_gaps_pair_with_the_baseline_at_the_same_length_and_seed():
+    runs = [_run("length", f"{row} at {k} steps", s, v * (1 + 0.01 * s)) for s in (0, 1)
+            for row, k, v in (("none", 2000, 4.0), ("MAPL 4x", 2000, 4.2), ("none", 5000, 3.5), ("MAPL 4x", 5000, 3.6),
+                              ("DDP", 2000, 3.9), ("Bb-SDP 3/8", 2000, 4.1))]
+    pts = quality_trends.points(runs, "length")
+    assert sorted(g for _, g in pts["MAPL 4x"]) == pytest.approx(sorted([0.05, 0.05, 0.1 / 3.5, 0.1 / 3.5]))
+    assert [g for _, g in pts["Bb-SDP 3/8"]] == pytest.approx([4.1 / 3.9 - 1] * 2)  # against DDP, not none
+    assert {x for x, _ in pts["MAPL 4x"]} == {math.log10(2000 * 512), math.log10(5000 * 512)}
+    lines = quality_report.aggregate(runs)
+    ln = next(x for x in lines if x["row"] == "MAPL 4x at 5000 steps")
+    assert ln["val_loss_gap"] == pytest.approx(0.1 / 3.5)
+
+
+def test_fit_equals_scipy_and_the_verdicts():
+    pts = [(6.0, 0.05), (6.0, 0.06), (6.4, 0.04), (6.4, 0.045), (6.8, 0.03), (6.8, 0.028), (7.2, 0.01), (7.2, 0.02)]
+    f = quality_trends.fit(pts)
+    ref = stats.linregress([x for x, _ in pts], [y for _, y in pts])
+    assert f["b"] == pytest.approx(ref.slope) and f["a"] == pytest.approx(ref.intercept)
+    assert f["b_se"] == pytest.approx(ref.stderr) and f["verdict"] == "shrinks"
+    assert quality_trends.fit([(x, -y) for x, y in pts])["verdict"] == "grows"
+    flat = [(6.0, 0.01), (6.0, 0.03), (7.2, 0.02), (7.2, 0.01), (6.6, 0.03), (6.6, 0.01)]
+    assert quality_trends.fit(flat)["verdict"] == "holds"
+    assert quality_trends.fit(pts[:2]) is None  # one x: no slope
+
+
+def test_the_extrapolation_interval_is_the_textbook_prediction_interval():
+    pts = [(5.5, 0.06), (5.5, 0.05), (6.0, 0.04), (6.0, 0.045), (6.53, 0.03), (6.53, 0.035)]
+    f = quality_trends.fit(pts)
+    x0 = math.log10(150e6)
+    xs, ys = [x for x, _ in pts], [y for _, y in pts]
+    ref = stats.linregress(xs, ys)
+    resid = [y - ref.intercept - ref.slope * x for x, y in pts]
+    s = math.sqrt(sum(r * r for r in resid) / (len(pts) - 2))
+    mx = sum(xs) / len(xs)
+    half = stats.t.ppf(0.975, len(pts) - 2) * s * math.sqrt(1 + 1 / len(pts) + (x0 - mx) ** 2 /
+                                                           sum((x - mx) ** 2 for x in xs))
+    mid, got = quality_trends.predict(f, x0)
+    assert mid == pytest.approx(ref.intercept + ref.slope * x0) and got == pytest.approx(half)
+
+
+def test_the_report_has_the_sweep_tables_and_the_length_targets(tmp_path):
+    runs = []
+    for k, gap in zip(quality.LENGTHS, (0.05, 0.04, 0.03, 0.02), strict=True):
+        for s in (0, 1, 2):
+            runs += [_run("length", f"none at {k} steps", s, 4.0 - 0.1 * s),
+                     _run("length", f"MAPL 4x at {k} steps", s, (4.0 - 0.1 * s) * (1 + gap + 0.001 * s)),
+                     _run("length", f"SSN 4x at {k} steps", s, (4.0 - 0.1 * s) * (1 + gap + 0.01))]
+    lines = quality_report.aggregate(runs)
+    t = quality_report.targets(lines)
+    assert t["length sweep: MAPL 4x within 1% of none at the longest length"]["gap"] == pytest.approx(0.021)
+    assert t["length sweep: MAPL 4x ahead of SSN 4x at every length"]["met"] is False  # lead 0.04 < spread
+    meta = {"date": "d", "machine": "m", "cpus": 2, "git_commit": "c", "versions": {"torch": "2.13.0"}}
+    md = quality_report.report_markdown(lines, meta, [], [], runs)
+    assert "Length sweep:" in md and "shrinks" in md
+    quality_trends.plot(runs, "length", tmp_path)
+    assert (tmp_path / "gap_vs_tokens.png").stat().st_size > 0
