@@ -51,6 +51,7 @@ from pathlib import Path
 from slimpar.bench.mapl import ROWS as CODECS
 from slimpar.bench.quality_plots import plots
 from slimpar.bench.quality_report import aggregate, report_markdown, targets
+from slimpar.bench.quality_trends import WIDTHS, width_params
 from slimpar.bench.report import metadata, run_commits, write_json
 from slimpar.bench.runner import Row, run_row, select_rows
 
@@ -140,9 +141,8 @@ UNSEEN = {
 # tuned group's runs). 32,000 steps are 16.4M tokens: 16 tokens per parameter for the 4-block pipeline, 10 for SDP
 LENGTHS = (2000, 5000, 12500, 32000)
 LENGTH_ROWS = ("none", "int8", "SSN 4x", "MAPL 4x", "naive 4x", *SDP_TUNED)
-# issue 20, item 4: none, SSN 4x and MAPL 4x at d = 64, 128 and 256 (4 blocks in 4 stages), each at the tokens per
-# parameter of 2,000 steps at d = 128 (1.02) and at its rate tuned at d = 128
-WIDTHS = {"tiny": 64, "mini": 128, "small": 256}
+# issue 20, item 4: none, SSN 4x and MAPL 4x at d = 64, 128 and 256 (4 blocks in 4 stages: quality_trends.WIDTHS),
+# each at the tokens per parameter of 2,000 steps at d = 128 (1.02) and at its rate tuned at d = 128
 WIDTH_ROWS = ("none", "SSN 4x", "MAPL 4x")
 GROUPS = ("mapl", "sdp", "mapl-ablations", "mapl-deep", "mapl-lr1e-3", "resnet")
 # studies that run only when --rows names them: the default set keeps its hours
@@ -352,14 +352,6 @@ def _rate_rows(steps: int, seeds: tuple[int, ...], groups: tuple[str, ...], swee
 
 def _same(same: bool, name: str, group: str, seed: int) -> dict:
     return {"same_as": Row(name, CONFIG, group=group, seed=seed).key} if same else {}
-
-
-def width_params(size: str) -> int:
-    """Parameters of the width sweep's model: 4 blocks of LLaMA ``size``, the 1024-token BPE, untied."""
-    from slimpar.models.llama import Llama, LlamaConfig
-
-    cfg = LlamaConfig.named(size, n_layers=4, vocab_size=1024, tie_embeddings=False)
-    return sum(p.numel() for p in Llama(cfg).parameters())
 
 
 def _reuse_sweep_runs(out: Path, todo: list[Row]) -> None:

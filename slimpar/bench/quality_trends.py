@@ -27,6 +27,17 @@ SDP_FAMILY = ("DDP", "B-SDP", "Bb-SDP", "N-SDP")
 TOKENS_PER_STEP = 8 * 64  # llama_quality.toml's batch
 
 
+WIDTHS = {"tiny": 64, "mini": 128, "small": 256}  # the width sweep's LLaMA sizes and their d
+
+
+def width_params(size: str) -> int:
+    """Parameters of the width sweep's model: 4 blocks of LLaMA ``size``, the 1024-token BPE, untied."""
+    from slimpar.models.llama import Llama, LlamaConfig
+
+    cfg = LlamaConfig.named(size, n_layers=4, vocab_size=1024, tie_embeddings=False)
+    return sum(p.numel() for p in Llama(cfg).parameters())
+
+
 def split_name(row: str) -> tuple[str, str]:
     """("MAPL 4x", "5000 steps") from "MAPL 4x at 5000 steps"."""
     head, _, at = row.rpartition(" at ")
@@ -43,8 +54,6 @@ def _x(group: str, at: str, run: dict) -> float:
     """log10 of the training tokens (length; FLOP-matched rows count DDP's steps) or of the parameters (width)."""
     if group == "length":
         return math.log10(int(at.split()[0]) * TOKENS_PER_STEP)
-    from slimpar.bench.quality import WIDTHS, width_params
-
     size = next(s for s, d in WIDTHS.items() if f"d {d}" == at)
     return math.log10(width_params(size))
 
