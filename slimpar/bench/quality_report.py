@@ -65,6 +65,8 @@ def aggregate(results: list[dict]) -> list[dict]:
         steps = runs[0]["summary"].get("steps")
         line = {"group": group, "row": name, "seeds": sorted(r["seed"] for r in runs), "steps": steps,
                 "command": runs[0]["command"]}
+        if runs[0].get("tags"):  # e.g. the rate a tuned row ran at
+            line["tags"] = {k: v for k, v in runs[0]["tags"].items() if k != "same_as"}
         for key in ("val_loss", "val_wikipedia_loss", "val_accuracy"):
             line[key], line[f"{key}_std"] = _mean_std([_final_val(r, key) for r in runs])
             line[f"{key}_gap"], line[f"{key}_gap_std"] = _gap(runs, base, key)

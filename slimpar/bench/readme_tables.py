@@ -24,21 +24,41 @@ def quality_table(group: str) -> Callable:
                     for ln in lines]
             return markdown_table(["run", "seeds", "val accuracy (%)", "vs DDP (relative)", "val loss",
                                    "train loss, last 10%"], body)
-        pipe = group.startswith("mapl")
+        pipe = group.startswith("mapl") or group in PIPELINE_GROUPS
+        tuned = any("lr" in (ln.get("tags") or {}) for ln in lines)
+        halves = any(ln.get("val_loss_gap_halves") for ln in lines)
         body = []
         for ln in lines:
             base = ln["val_loss_gap"] == 0 and not ln.get("val_loss_gap_std")
-            row = [ln["row"], str(len(ln["seeds"])), pm(ln["val_loss"], ln["val_loss_std"]),
-                   "—" if base else pm(ln["val_loss_gap"], ln["val_loss_gap_std"], 1, pct=True),
-                   pm(ln["val_wikipedia_loss"], ln["val_wikipedia_loss_std"]),
-                   "—" if base else pm(ln["val_wikipedia_loss_gap"], ln["val_wikipedia_loss_gap_std"], 1, pct=True)]
+            row = [ln["row"], *([ln["tags"]["lr"]] if tuned else []), str(len(ln["seeds"])),
+                   pm(ln["val_loss"], ln["val_loss_std"]),
+                   "—" if base else pm(ln["val_loss_gap"], ln["val_loss_gap_std"], 1, pct=True)]
+            if halves:
+                row.append("—" if base else " / ".join(f"{100 * g:+.1f}%" for g in ln["val_loss_gap_halves"]))
+            row += [pm(ln["val_wikipedia_loss"], ln["val_wikipedia_loss_std"]),
+                    "—" if base else pm(ln["val_wikipedia_loss_gap"], ln["val_wikipedia_loss_gap_std"], 1, pct=True)]
             if pipe:
                 row.append(f"{fmt(ln['comm_bytes_per_step_fwd_vs_base'], 3)} / "
                            f"{fmt(ln['comm_bytes_per_step_bwd_vs_base'], 3)}")
             body.append(row)
-        headers = ["run", "seeds", "val loss, Shakespeare", "gap", "val loss, Wikipedia", "gap",
+        headers = ["run", *(["lr (tuned)"] if tuned else []), "seeds", "val loss, Shakespeare", "gap",
+                   *(["gap, each half"] if halves else []), "val loss, Wikipedia", "gap",
                    *(["bytes fwd / bwd × none"] if pipe else [])]
         return markdown_table(headers, body)
+
+    return table
+
+
+PIPELINE_GROUPS = ("tuned", "unseen-config")  # the quality groups outside mapl* that are pipelines
+
+
+def sweep_table(group: str) -> Callable:
+    """A learning-rate sweep of ``slimpar bench quality``: each row's loss at every rate, the best in bold."""
+
+    def table(src) -> str:
+        from slimpar.bench.quality_report import sweep_markdown
+
+        return sweep_markdown(_group(src, group)).strip("\n").split("\n\n", 1)[1]
 
     return table
 
@@ -152,6 +172,9 @@ def _pays(cross: dict) -> str:
 TABLES: dict[str, Callable] = {
     **{f"quality:{g}": quality_table(g) for g in ("sdp", "mapl", "mapl-deep", "mapl-lr1e-3", "resnet")},
     "quality:targets": quality_targets,
+    **{f"tuned:{g}": quality_table(g) for g in ("tuned", "sdp-tuned", "unseen-config")},
+    **{f"tuned:{g}": sweep_table(g) for g in ("lr-sweep", "sdp-lr-sweep")},
+    "tuned:targets": quality_targets,
     "sdp:llama": sdp_table("llama"),
     "sdp:resnet": sdp_table("resnet"),
     "sdp:virtual": virtual_table,
