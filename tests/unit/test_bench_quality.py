@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from slimpar.bench import quality, quality_report
+from slimpar.bench import quality, quality_report, quality_rows
 from slimpar.bench.runner import select_rows
 
 
@@ -15,7 +15,7 @@ def _run(group, row, seed, val, wiki=None, curve=(), wall_s=None):
 
 
 def test_every_row_the_issue_names_runs_with_three_seeds():
-    rows = quality.rows()
+    rows = quality_rows.rows()
     names = {(r.group, r.name): [] for r in rows}
     for r in rows:
         names[(r.group, r.name)].append(r.seed)
@@ -146,7 +146,7 @@ def test_no_row_name_has_a_comma():
     """``--rows`` splits on commas, so a row name with one could never be selected."""
     from slimpar.bench import mapl, sdp
 
-    names = [r.name for r in quality.rows()] + [r.name for r in mapl.rows(False)]
+    names = [r.name for r in quality_rows.rows()] + [r.name for r in mapl.rows(False)]
     names += [r.name for r in sdp.llama_rows("configs/llama_small.toml", 10, (0, 1))]
     names += [r.name for r in sdp.resnet_rows(10)]
     assert names and not [n for n in names if "," in n]
@@ -204,42 +204,43 @@ def test_report_only_rebuilds_the_committed_report_from_results_json(tmp_path, m
 def _sweep_summary(tmp_path, name: str, lr: str, val: float) -> None:
     from slimpar.bench.runner import Row
 
-    key = Row(quality.sweep_name(name, lr), quality.CONFIG, group="lr-sweep").key
+    key = Row(quality_rows.sweep_name(name, lr), quality_rows.CONFIG, group="lr-sweep").key
     folder = tmp_path / "runs" / key
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(f'{{"val_loss": {val}}}')
 
 
 def test_the_sweep_runs_one_seed_per_rate_and_tuned_rows_take_the_best(tmp_path):
-    sweep = quality.rows(groups=("lr-sweep",))
-    assert len(sweep) == len(quality.TUNED) * len(quality.LRS) and {r.seed for r in sweep} == {0}
+    sweep = quality_rows.rows(groups=("lr-sweep",))
+    assert len(sweep) == len(quality_rows.TUNED) * len(quality_rows.LRS) and {r.seed for r in sweep} == {0}
     for r in sweep:  # the rate and, for the projecting codecs, matched total bytes and local ids
         lr = r.name.rpartition(" at lr ")[2]
         assert r.overrides[-2:] == ["--train.lr", lr]
         if "x" in r.name.split(" at lr ")[0]:
             assert "total" in r.overrides and "local" in r.overrides
-    for name in quality.TUNED:  # a valley: the best rate is 1e-3 for every row but SSN (2e-3)
-        for lr, v in zip(quality.LRS, (3.9, 3.7, 3.8, 4.2) if name != "SSN 4x" else (3.9, 3.8, 3.7, 4.2), strict=True):
+    for name in quality_rows.TUNED:  # a valley: the best rate is 1e-3 for every row but SSN (2e-3)
+        valley = (3.9, 3.7, 3.8, 4.2) if name != "SSN 4x" else (3.9, 3.8, 3.7, 4.2)
+        for lr, v in zip(quality_rows.LRS, valley, strict=True):
             if not (name == "int8" and lr == "4e-3"):  # int8's sweep has not finished
                 _sweep_summary(tmp_path, name, lr, v)
-    best = quality.best_rates(tmp_path)
-    assert best == {n: "2e-3" if n == "SSN 4x" else "1e-3" for n in quality.TUNED if n != "int8"}
-    tuned = [r for r in quality.rows(groups=("tuned",), sweep_dir=tmp_path) if r.group == "tuned"]
+    best = quality_rows.best_rates(tmp_path)
+    assert best == {n: "2e-3" if n == "SSN 4x" else "1e-3" for n in quality_rows.TUNED if n != "int8"}
+    tuned = [r for r in quality_rows.rows(groups=("tuned",), sweep_dir=tmp_path) if r.group == "tuned"]
     assert {(r.name, r.seed) for r in tuned} == {(n, s) for n in best for s in (0, 1, 2)}
     for r in tuned:
-        same = next(s for s in sweep if s.name == quality.sweep_name(r.name, best[r.name]))
+        same = next(s for s in sweep if s.name == quality_rows.sweep_name(r.name, best[r.name]))
         assert r.overrides == same.overrides  # seed 0 of a tuned row is the sweep's run at its best rate
     with pytest.raises(Exception, match="run --rows lr-sweep to the end first"):
         quality.bench_quality(tmp_path, quick=False, only={"tuned"})
-    sdp = quality.rows(groups=("sdp-lr-sweep",))  # the SDP rows batched, DDP as it is
-    assert {r.name.rpartition(" at lr ")[0] for r in sdp} == set(quality.SDP_TUNED)
+    sdp = quality_rows.rows(groups=("sdp-lr-sweep",))  # the SDP rows batched, DDP as it is
+    assert {r.name.rpartition(" at lr ")[0] for r in sdp} == set(quality_rows.SDP_TUNED)
     assert all(("--sdp.virtual_batched" in r.overrides) != r.name.startswith("DDP") for r in sdp)
 
 
 def test_the_sweep_table_marks_the_best_rate_and_an_edge():
     grid = (("none", (3.9, 3.7, 3.8, 4.0)), ("SSN 4x", (3.6, 3.7, 3.8, 4.0)))
-    lines = [{"row": quality.sweep_name(n, lr), "val_loss": v} for n, vals in grid
-             for lr, v in zip(quality.LRS, vals, strict=True)]
+    lines = [{"row": quality_rows.sweep_name(n, lr), "val_loss": v} for n, vals in grid
+             for lr, v in zip(quality_rows.LRS, vals, strict=True)]
     table = quality_report.sweep_markdown(lines)
     none = next(ln for ln in table.splitlines() if ln.startswith("| none"))
     ssn = next(ln for ln in table.splitlines() if ln.startswith("| SSN 4x"))
@@ -276,9 +277,9 @@ def test_a_sweep_and_its_tuned_group_run_in_one_call_the_tuned_after(tmp_path, m
     monkeypatch.setattr(quality, "run_row", fake_run_row)
     monkeypatch.setattr(quality, "plots", lambda *a, **k: None)
     data = quality.bench_quality(tmp_path, quick=False, only={"lr-sweep", "tuned"})
-    n_sweep = len(quality.TUNED) * len(quality.LRS)
+    n_sweep = len(quality_rows.TUNED) * len(quality_rows.LRS)
     assert all(g == "lr-sweep" for g, _, _ in trained[:n_sweep])  # the whole sweep before any tuned run
-    assert sorted(trained[n_sweep:]) == sorted(("tuned", n, s) for n in quality.TUNED for s in (1, 2))
+    assert sorted(trained[n_sweep:]) == sorted(("tuned", n, s) for n in quality_rows.TUNED for s in (1, 2))
     tuned = [r for r in data["runs"] if r["group"] == "tuned"]
-    assert len(tuned) == 3 * len(quality.TUNED) and all(r["tags"]["lr"] == "1e-3" for r in tuned)
+    assert len(tuned) == 3 * len(quality_rows.TUNED) and all(r["tags"]["lr"] == "1e-3" for r in tuned)
     assert not data["pending"] and not data["failed"]

@@ -9,7 +9,7 @@ import math
 import pytest
 from scipy import stats
 
-from slimpar.bench import quality, quality_report, quality_trends
+from slimpar.bench import quality_report, quality_rows, quality_trends
 
 
 def _run(group: str, row: str, seed: int, val: float) -> dict:
@@ -21,29 +21,29 @@ def _sweep_done(tmp_path, sweep: str, names) -> None:
     from slimpar.bench.runner import Row
 
     for name in names:
-        for lr in quality.LRS:
-            folder = tmp_path / "runs" / Row(quality.sweep_name(name, lr), quality.CONFIG, group=sweep).key
+        for lr in quality_rows.LRS:
+            folder = tmp_path / "runs" / Row(quality_rows.sweep_name(name, lr), quality_rows.CONFIG, group=sweep).key
             folder.mkdir(parents=True)
             (folder / "summary.json").write_text(json.dumps({"val_loss": 3.0 + abs(float(lr) - 1e-3)}))
 
 
 def test_length_and_width_rows_run_at_the_tuned_rates_and_reuse_the_tuned_runs(tmp_path):
-    _sweep_done(tmp_path, "lr-sweep", quality.TUNED)
-    _sweep_done(tmp_path, "sdp-lr-sweep", quality.SDP_TUNED)
-    tuned = {r.key: r for r in quality.rows(groups=("tuned", "sdp-tuned"), sweep_dir=tmp_path)}
-    length = quality.rows(groups=("length",), sweep_dir=tmp_path)
-    assert len(length) == len(quality.LENGTH_ROWS) * len(quality.LENGTHS) * 3
-    assert quality.LENGTHS[-1] / quality.LENGTHS[0] >= 16  # the issue: at least 16x in tokens
-    assert quality.LENGTHS[-1] * 512 / 1_607_808 >= 10  # and >= 10 tokens per parameter for the larger (SDP) model
+    _sweep_done(tmp_path, "lr-sweep", quality_rows.TUNED)
+    _sweep_done(tmp_path, "sdp-lr-sweep", quality_rows.SDP_TUNED)
+    tuned = {r.key: r for r in quality_rows.rows(groups=("tuned", "sdp-tuned"), sweep_dir=tmp_path)}
+    length = quality_rows.rows(groups=("length",), sweep_dir=tmp_path)
+    assert len(length) == len(quality_rows.LENGTH_ROWS) * len(quality_rows.LENGTHS) * 3
+    assert quality_rows.LENGTHS[-1] / quality_rows.LENGTHS[0] >= 16  # the issue: at least 16x in tokens
+    assert quality_rows.LENGTHS[-1] * 512 / 1_607_808 >= 10  # and >= 10 tokens per parameter for the larger (SDP) model
     for r in length:
         assert r.overrides[-2:] == ["--train.lr", "1e-3"] and r.overrides[1] == str(r.tags["steps"])
-        if r.tags["steps"] == quality.STEPS:  # the same command as the tuned run it reuses
+        if r.tags["steps"] == quality_rows.STEPS:  # the same command as the tuned run it reuses
             assert tuned[r.tags["same_as"]].overrides == r.overrides
         else:
             assert "same_as" not in r.tags
-    width = quality.rows(groups=("width",), sweep_dir=tmp_path)
-    per_param = {r.tags["d"]: int(r.overrides[1]) * 512 / quality.width_params(
-        next(s for s, d in quality.WIDTHS.items() if d == r.tags["d"])) for r in width}
+    width = quality_rows.rows(groups=("width",), sweep_dir=tmp_path)
+    per_param = {r.tags["d"]: int(r.overrides[1]) * 512 / quality_rows.width_params(
+        next(s for s, d in quality_rows.WIDTHS.items() if d == r.tags["d"])) for r in width}
     assert max(per_param.values()) == pytest.approx(min(per_param.values()), rel=0.01)  # equal tokens per parameter
     mid = [r for r in width if r.tags["d"] == 128]
     assert all(tuned[r.tags["same_as"]].overrides == r.overrides for r in mid)
@@ -91,7 +91,7 @@ def test_the_extrapolation_interval_is_the_textbook_prediction_interval():
 
 def test_the_report_has_the_sweep_tables_and_the_length_targets(tmp_path):
     runs = []
-    for k, gap in zip(quality.LENGTHS, (0.05, 0.04, 0.03, 0.02), strict=True):
+    for k, gap in zip(quality_rows.LENGTHS, (0.05, 0.04, 0.03, 0.02), strict=True):
         for s in (0, 1, 2):
             runs += [_run("length", f"none at {k} steps", s, 4.0 - 0.1 * s),
                      _run("length", f"MAPL 4x at {k} steps", s, (4.0 - 0.1 * s) * (1 + gap + 0.001 * s)),
