@@ -213,7 +213,7 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
         tokens = f"; {s0 * 8 * 64 / params:.2f} tokens per parameter" if params and s0 else ""
         out.append(f"\n## {group}\n\n" + (f"{params:,} parameters{tokens} at {s0} steps.\n\n" if params else ""))
         acc = group == "resnet"
-        pipe = group.startswith("mapl")
+        pipe = group.startswith("mapl") or group in ("lr-sweep", "tuned", "unseen-config", "width")
         halves = any(None not in (ln.get("val_loss_gap_halves") or [None]) for ln in mine)
         headers = ["row", "seeds", "steps", "val accuracy" if acc else "val loss (Shakespeare)", "gap vs baseline",
                    *(["gap on each half"] if halves else []),
@@ -245,7 +245,7 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
             out.append(sweep_markdown(mine))
         if group in TREND_GROUPS and results:
             out.append(quality_trends.markdown(results, group))
-    out.append("\n## Targets (issue 10)\n\n" + _targets_table(targets(lines)))
+    out.append("\n## Targets (issues 10 and 20)\n\n" + _targets_table(targets(lines)))
     out.append(_time(lines, meta.get("jobs", 1)))
     if pending:
         out.append(f"\nNot run yet ({len(pending)} runs): " + ", ".join(pending) + "\n")

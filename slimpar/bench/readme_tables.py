@@ -73,6 +73,13 @@ def quality_targets(src) -> str:
     return _targets_table(src.data["targets"]).rstrip("\n")
 
 
+def measured_targets(src) -> str:
+    """The targets whose rows this results file holds (the others are another file's)."""
+    from slimpar.bench.quality_report import _targets_table
+
+    return _targets_table({k: v for k, v in src.data["targets"].items() if v is not None}).rstrip("\n")
+
+
 def sdp_table(group: str) -> Callable:
     """``slimpar bench sdp``: memory, bytes (mean, and the busiest worker) and step time against DDP."""
 
@@ -174,7 +181,7 @@ TABLES: dict[str, Callable] = {
     "quality:targets": quality_targets,
     **{f"tuned:{g}": quality_table(g) for g in ("tuned", "sdp-tuned", "unseen-config")},
     **{f"tuned:{g}": sweep_table(g) for g in ("lr-sweep", "sdp-lr-sweep")},
-    "tuned:targets": quality_targets,
+    "tuned:targets": measured_targets,
     "sdp:llama": sdp_table("llama"),
     "sdp:resnet": sdp_table("resnet"),
     "sdp:virtual": virtual_table,
