@@ -155,11 +155,13 @@ class PipelineConfig:
     # total: r is the largest whose steady-state bytes per step (payload, ids, A's and anchors' gradient parts,
     # RVQ codebooks at their worst case) are <= 1/K of the uncompressed pipeline's, each way (pipeline/budget.py)
     compression_of: str = "payload"  # payload (r = d / K) | total (every byte a boundary sends, matched to 1/K)
-    anchors: str = "none"  # none | factorized | full
+    # the defaults of the anchors, SPEL and clipping below come from the evidence of issue 20 (docs/pipeline.md,
+    # "Defaults"): across the configs measured, these options won or tied, and receiver-only anchors need no exchange
+    anchors: str = "auto"  # auto (factorized for mapl, none for the other codecs) | none | factorized | full
     anchor_dim: int = 32  # m, the factorized anchor width
-    anchor_form: str = "symmetric"  # symmetric | receiver
-    ids: str = "send"  # send (2 bytes per token) | local (each stage reads ids from its own loader)
-    spel_lr: float = 0.01  # SPEL spectral step length eta
+    anchor_form: str = "receiver"  # receiver (a table at the receiver only, no exchange) | symmetric (both ends)
+    ids: str = "local"  # local (each stage reads the ids from its own loader) | send (2 bytes per token on the wire)
+    spel_lr: float = 0.001  # SPEL spectral step length eta
     spel_momentum: float = 0.9  # SPEL momentum beta
     polar: str = "polar_express"  # polar_express | eigh
     checksum_every: int = 50  # compare both boundary copies of A every N steps, resync on mismatch
@@ -168,8 +170,8 @@ class PipelineConfig:
     virtual: bool = False  # run all stages in one process (no process group)
     projector_init: str = "auto"  # auto (pca for mapl with r < d, else random) | random (QR of a Gaussian) | pca
     pca_batches: int = 1  # training batches whose boundary activations the pca start uses
-    spel_schedule: str = "model"  # model (the model's warm-up + cosine) | constant | cosine (own, no warm-up)
-    clip_projector: str = "global"  # global (A in the model's clip norm) | separate (clipped on its own) | none
+    spel_schedule: str = "constant"  # constant | model (the model's warm-up + cosine) | cosine (own, no warm-up)
+    clip_projector: str = "separate"  # separate (A clipped on its own) | global (A in the model's clip norm) | none
     anchor_init: str = "embedding"  # embedding (symmetric tables start at E_tok·Pᵀ) | zero (no offset at start)
     freeze_projector_after: int = 0  # A stops being updated (and its gradient exchange stops) after N steps; 0 = never
     dp: str = "ddp"  # ddp (stage replicas hold the whole stage) | sdp (each replica holds a subnetwork of its blocks)

@@ -26,12 +26,18 @@ PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.st
         "--model.tie_embeddings", "false"]
 
 
+# the settings these rows were measured with, where a default has changed since: A's random start (the default
+# start became pca), and the SPEL step, clipping, anchors and id transport before issue 20 (docs/pipeline.md,
+# "Defaults"); a row that names an option keeps its own. Each ablation row changes one thing against "MAPL 4x"
+MEASURED_WITH = {"--pipeline.projector_init": "random", "--pipeline.spel_schedule": "model",
+                 "--pipeline.spel_lr": "0.01", "--pipeline.clip_projector": "global", "--pipeline.anchors": "none",
+                 "--pipeline.anchor_form": "symmetric"}
+
+
 def _codec(kind: str, compression: int = 4, *extra: str) -> list[str]:
-    # MAPL rows start A at random unless a row says pca: the default (auto) became pca after these rows
-    # were measured, and each ablation row changes one thing against "MAPL 4x"
-    pinned = kind == "mapl" and "--pipeline.projector_init" not in extra
-    init = ["--pipeline.projector_init", "random"] if pinned else []
-    return ["--pipeline.codec", kind, "--pipeline.compression", str(compression), *init, *extra]
+    pins = MEASURED_WITH if kind == "mapl" else {}
+    pinned = [a for k, v in {**pins, "--pipeline.ids": "send"}.items() if k not in extra for a in (k, v)]
+    return ["--pipeline.codec", kind, "--pipeline.compression", str(compression), *pinned, *extra]
 
 
 RVQ = ("--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "256")

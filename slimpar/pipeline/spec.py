@@ -105,6 +105,13 @@ def resolve_rank(codec: str, d: int, rank: int, compression: int) -> int:
     return rank if rank else d // max(compression, 1)
 
 
+def resolve_anchors(codec: str, anchors: str) -> str:
+    """``anchors`` with ``auto`` resolved: factorized anchors for MAPL (the Stiefel projector), none otherwise."""
+    if anchors != "auto":
+        return anchors
+    return "factorized" if codec_kind(codec).stiefel else "none"
+
+
 class ProjectorChoice(Protocol):
     """What decides where A starts (the run config's ``[pipeline]`` section is one)."""
 

@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 
 from slimpar.parallel.comm import storage_key
+from slimpar.pipeline.spec import resolve_anchors
 
 VALUE_SIZES = "distinct token ids as in the run's own batches; RVQ codebook messages at their worst case (every row)"
 _UNIQUE = {"aten::_unique2", "aten::_unique", "aten::unique_dim", "aten::unique_consecutive"}
@@ -233,7 +234,8 @@ def describe_pipeline(cfg) -> str:
     """A pipeline's workload in a few words: stages, replicas, codec, batch per replica in microbatches."""
     pc, t = cfg.pipeline, cfg.train
     replicas = 1 if pc.virtual else cfg.parallel.workers // pc.stages
-    codec = pc.codec + (f" + anchors {pc.anchors}" if pc.anchors != "none" else "")
+    anchors = resolve_anchors(pc.codec, pc.anchors)
+    codec = pc.codec + (f" + anchors {anchors}" if anchors != "none" else "")
     codec += f" + RVQ {pc.rvq.levels}x{pc.rvq.codebook}" if pc.rvq.levels else ""
     where = "all in one worker (virtual)" if pc.virtual else f"{replicas} replica(s), one stage per worker"
     return (f"pipeline {pc.stages} stages, {where}, codec {codec}, {pc.schedule}, global batch {t.batch_size} "

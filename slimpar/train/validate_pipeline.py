@@ -10,7 +10,7 @@ from slimpar.config import Config, ConfigError
 from slimpar.config import check_choice as _choice
 from slimpar.optim.spel import SPEL_SCHEDULES
 from slimpar.pipeline.codec_kinds import CODEC_KINDS, names
-from slimpar.pipeline.spec import UINT16_LIMIT, resolve_rank
+from slimpar.pipeline.spec import UINT16_LIMIT, resolve_anchors, resolve_rank
 from slimpar.pipeline.sync import SYNC_DTYPES
 from slimpar.pipeline.training import CLIP_MODES
 from slimpar.train.build import llama_config
@@ -63,7 +63,7 @@ def _check_choices(cfg: Config) -> None:
     pc = cfg.pipeline
     _choice("pipeline.schedule", pc.schedule, ("gpipe", "1f1b"))
     _choice("pipeline.codec", pc.codec, tuple(CODEC_KINDS))
-    _choice("pipeline.anchors", pc.anchors, ("none", "factorized", "full"))
+    _choice("pipeline.anchors", pc.anchors, ("auto", "none", "factorized", "full"))
     _choice("pipeline.anchor_form", pc.anchor_form, ("symmetric", "receiver"))
     _choice("pipeline.ids", pc.ids, ("send", "local"))
     _choice("pipeline.polar", pc.polar, ("polar_express", "eigh"))
@@ -121,12 +121,13 @@ def _check_codec(cfg: Config, d: int) -> None:
             from slimpar.train.strategies.pipeline_specs import codec_specs
 
             codec_specs(cfg, d, cfg.data.vocab_size or UINT16_LIMIT)  # ConfigError when no rank fits the budget
-    if pc.anchors != "none":
+    anchors = resolve_anchors(pc.codec, pc.anchors)
+    if anchors != "none":
         if not kind.learned:
             why = "has its own fixed token table" if kind.token_table else "has no projector"
             raise ConfigError(f"pipeline.anchors = {pc.anchors!r} needs a learned projector codec "
                               f"({_either(names(lambda k: k.learned))}); codec {pc.codec!r} {why}")
-        if pc.anchors == "factorized" and not 0 < pc.anchor_dim <= d:
+        if anchors == "factorized" and not 0 < pc.anchor_dim <= d:
             raise ConfigError(f"pipeline.anchor_dim = {pc.anchor_dim} must be between 1 and d = {d}")
     if pc.spel_lr <= 0 or not 0 <= pc.spel_momentum < 1:
         raise ConfigError(f"pipeline.spel_lr must be > 0 and spel_momentum in [0, 1), got {pc.spel_lr}, "

@@ -37,7 +37,8 @@ RUNS = {
               "--pipeline.schedule", "gpipe", "--pipeline.microbatches", "2", "--pipeline.checksum_every", "2"],
     "mapl_rvq": [*PIPE, "--parallel.workers", "3", "--pipeline.stages", "3", "--pipeline.schedule", "gpipe",
                  "--pipeline.microbatches", "4", "--pipeline.codec", "mapl", "--pipeline.rank", "16",
-                 "--pipeline.anchors", "factorized", "--pipeline.anchor_dim", "8", "--pipeline.rvq.levels", "2",
+                 "--pipeline.anchors", "factorized", "--pipeline.anchor_dim", "8", "--pipeline.anchor_form",
+                 "symmetric", "--pipeline.ids", "send", "--pipeline.rvq.levels", "2",  # both copies and the ids
                  "--pipeline.rvq.codebook", "64", "--pipeline.rvq.sync_every", "2", "--pipeline.checksum_every", "2",
                  "--pipeline.spel_lr", "0.05",
                  # the byte checks below were written for rarely re-seeded codes, whose codebook deltas stay

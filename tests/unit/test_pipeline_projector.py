@@ -34,6 +34,10 @@ BASE = [*VIRTUAL_PIPELINE, "--pipeline.stages", "3", "--pipeline.codec", "mapl",
 B, T, D, R = 8, 64, 64, 16
 CTX = single_process_context()
 
+# both ends hold the anchor table (the tests below look at both copies; the default form is receiver-only)
+SYM_FACTORIZED = ("--pipeline.anchors", "factorized", "--pipeline.anchor_form", "symmetric")
+SYM_FULL = ("--pipeline.anchors", "full", "--pipeline.anchor_form", "symmetric")
+
 
 @pytest.fixture(scope="module")
 def data():
@@ -59,7 +63,7 @@ def _principal_cosines(U: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
 
 
 def test_pca_start_is_shared_orthonormal_and_spans_the_top_singular_subspace(data) -> None:
-    cfg = _cfg("--pipeline.projector_init", "pca", "--pipeline.pca_batches", "2", "--pipeline.anchors", "factorized",
+    cfg = _cfg("--pipeline.projector_init", "pca", "--pipeline.pca_batches", "2", *SYM_FACTORIZED,
                "--pipeline.anchor_dim", "8")
     strat = _strategy(data, cfg)
     before = [s.encoder.projector.A.clone() for s in strat.stages[:-1]]
@@ -69,7 +73,7 @@ def test_pca_start_is_shared_orthonormal_and_spans_the_top_singular_subspace(dat
     # bytes of step 0: the step's own plus, per boundary, A (d·r fp32, sync) and the codes (r fp32 per token)
     for p in range(2):
         assert strat.counter.step[(p, "fwd", "sync")] - strat.counter.step[(p, "bwd", "sync")] == D * R * 4
-    plain = _strategy(data, _cfg("--pipeline.anchors", "factorized", "--pipeline.anchor_dim", "8"))
+    plain = _strategy(data, _cfg(*SYM_FACTORIZED, "--pipeline.anchor_dim", "8"))
     plain.train_step(0, _batch_fn(data, cfg))
     for p in range(2):
         extra = strat.counter.step[(p, "fwd", "payload")] - plain.counter.step[(p, "fwd", "payload")]
@@ -167,13 +171,13 @@ def test_clip_norm_with_and_without_the_projector_gradient(data, mode) -> None:
 
 
 def test_zero_anchor_start_on_both_ends(data) -> None:
-    zero = _strategy(data, _cfg("--pipeline.anchors", "factorized", "--pipeline.anchor_init", "zero"))
-    emb = _strategy(data, _cfg("--pipeline.anchors", "factorized"))
+    zero = _strategy(data, _cfg(*SYM_FACTORIZED, "--pipeline.anchor_init", "zero"))
+    emb = _strategy(data, _cfg(*SYM_FACTORIZED))
     for s in range(2):
         assert torch.count_nonzero(zero.stages[s].encoder.anchor.E) == 0
         assert torch.count_nonzero(zero.stages[s + 1].decoder.anchor.E) == 0
         assert torch.count_nonzero(emb.stages[s].encoder.anchor.E) > 0  # default: the embedding start
-    full = _strategy(data, _cfg("--pipeline.anchors", "full", "--pipeline.anchor_init", "zero"))
+    full = _strategy(data, _cfg(*SYM_FULL, "--pipeline.anchor_init", "zero"))
     assert torch.count_nonzero(full.stages[1].decoder.anchor.E) == 0
 
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from slimpar.pipeline.evaluate import forward_batch
+from slimpar.pipeline.spec import resolve_anchors
 from slimpar.train.build import build_data, build_model, build_optimizer, loss_fn, lr_at
 from slimpar.train.evaluate import evaluate
 from slimpar.train.strategies.base import Strategy
@@ -102,8 +103,9 @@ def test_virtual_pipeline_without_codec_equals_single_process(data, tie: str) ->
 
 def test_mapl_full_rank_identity_start_equals_none(data) -> None:
     _, ref = _train_virtual(data, _cfg("--pipeline.microbatches", "2"), 4)
+    # the degenerate codec: r = d from the identity, without the anchors that MAPL carries by default
     strat, got = _train_virtual(data, _cfg("--pipeline.microbatches", "2", "--pipeline.codec", "mapl",
-                                           "--pipeline.rank", str(D)), 4)
+                                           "--pipeline.rank", str(D), "--pipeline.anchors", "none"), 4)
     assert got == pytest.approx(ref, abs=1e-5)
     A_send, A_recv = strat.stages[0].encoder.projector.A, strat.stages[1].decoder.projector.A
     # with r = d the loss does not depend on A (AAᵀ = I): SPEL may rotate A (the exact gradient is normal
@@ -121,12 +123,13 @@ def _expected_bytes(cfg, x: torch.Tensor, stages: int) -> dict:
     out = {}
     for b in range(stages - 1):
         out[(b, "fwd", "payload")] = out[(b, "bwd", "payload")] = n * per_token
-        if pc.anchors != "none" or pc.codec == "ssn":
+        anchors = resolve_anchors(pc.codec, pc.anchors)
+        if (anchors != "none" or pc.codec == "ssn") and pc.ids == "send":
             out[(b, "fwd", "ids")] = 2 * n
         size = {"int8": 1, "bf16": 2, "fp32": 4}[pc.sync_dtype]
         scale = 4 if pc.sync_dtype == "int8" else 0  # int8 parts carry a float32 scale per row
         sync = D * r * size + D * scale if pc.codec == "mapl" else 0  # A's gradient part (d, r)
-        if pc.anchors == "factorized":
+        if anchors == "factorized" and pc.anchor_form == "symmetric":
             u = len(torch.unique(x))  # rows of the step's distinct ids
             sync += u * pc.anchor_dim * size + u * scale
         if sync:
@@ -137,17 +140,21 @@ def _expected_bytes(cfg, x: torch.Tensor, stages: int) -> dict:
     return out
 
 
+SYMMETRIC = ("--pipeline.anchors", "factorized", "--pipeline.anchor_dim", "8", "--pipeline.anchor_form", "symmetric",
+             "--pipeline.ids", "send")
 BYTE_CASES = {
     "none": [], "bf16": ["--pipeline.codec", "bf16"], "int8": ["--pipeline.codec", "int8"],
-    "mapl": ["--pipeline.codec", "mapl"], "naive": ["--pipeline.codec", "naive", "--pipeline.rank", "8"],
+    "mapl": ["--pipeline.codec", "mapl"],  # the defaults: receiver-only anchors, ids read locally
+    "mapl_no_anchors": ["--pipeline.codec", "mapl", "--pipeline.anchors", "none"],
+    "mapl_receiver_ids_sent": ["--pipeline.codec", "mapl", "--pipeline.ids", "send"],
+    "naive": ["--pipeline.codec", "naive", "--pipeline.rank", "8"],
     "ssn": ["--pipeline.codec", "ssn", "--pipeline.compression", "8"],
-    "mapl_anchors": ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized", "--pipeline.anchor_dim", "8"],
-    "mapl_anchors_sync_fp32": ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized",
-                               "--pipeline.anchor_dim", "8", "--pipeline.sync_dtype", "fp32"],
+    "ssn_ids_sent": ["--pipeline.codec", "ssn", "--pipeline.compression", "8", "--pipeline.ids", "send"],
+    "mapl_anchors": ["--pipeline.codec", "mapl", *SYMMETRIC],
+    "mapl_anchors_sync_fp32": ["--pipeline.codec", "mapl", *SYMMETRIC, "--pipeline.sync_dtype", "fp32"],
     "mapl_sync_bf16": ["--pipeline.codec", "mapl", "--pipeline.sync_dtype", "bf16"],
     "none_tied": ["--model.tie_embeddings", "true"],
-    "mapl_anchors_tied": ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized", "--pipeline.anchor_dim",
-                          "8", "--model.tie_embeddings", "true"],
+    "mapl_anchors_tied": ["--pipeline.codec", "mapl", *SYMMETRIC, "--model.tie_embeddings", "true"],
 }
 
 
@@ -230,7 +237,7 @@ def test_compressed_pipeline_stays_causal(data, training: bool) -> None:
 
 def test_shared_copies_stay_identical_and_orthonormal(data) -> None:
     cfg = _cfg("--pipeline.stages", "3", "--pipeline.microbatches", "2", "--pipeline.codec", "mapl",
-               "--pipeline.anchors", "factorized", "--pipeline.spel_lr", "0.05")
+               "--pipeline.anchors", "factorized", "--pipeline.anchor_form", "symmetric", "--pipeline.spel_lr", "0.05")
     strat, _ = _train_virtual(data, cfg, 5)
     for p in range(2):
         enc, dec = strat.stages[p].encoder, strat.stages[p + 1].decoder
