@@ -21,7 +21,7 @@ def _sweep_done(tmp_path, sweep: str, names) -> None:
     from slimpar.bench.runner import Row
 
     for name in names:
-        for lr in quality_rows.LRS:
+        for lr in quality_rows.SWEEP_RATES[sweep]:
             folder = tmp_path / "runs" / Row(quality_rows.sweep_name(name, lr), quality_rows.CONFIG, group=sweep).key
             folder.mkdir(parents=True)
             (folder / "summary.json").write_text(json.dumps({"val_loss": 3.0 + abs(float(lr) - 1e-3)}))
