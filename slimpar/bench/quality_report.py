@@ -100,22 +100,14 @@ def _within(ln: dict | None, limit: float) -> dict | None:
     return {"gap": gap, "gap_std": std, "met": gap <= limit, "within_std": gap - (std or 0) <= limit}
 
 
-def _ahead(lines: list[dict], group: str, mine: str, other: str) -> dict | None:
-    """``mine`` ahead of ``other`` by more than the seed spread: mean(other) - mean(mine) > std(mine) + std(other)."""
+def _ahead(lines: list[dict], group: str, mine: str, other: str, by_spread: bool = True) -> dict | None:
+    """``mine`` ahead of ``other`` by more than the seed spread: mean(other) - mean(mine) > std(mine) + std(other);
+    with ``by_spread`` False, at or below it: mean(mine) <= mean(other)."""
     a, b = _line(lines, group, mine), _line(lines, group, other)
     if not a or not b or a["val_loss"] is None or b["val_loss"] is None:
         return None
     lead, spread = b["val_loss"] - a["val_loss"], (a["val_loss_std"] or 0) + (b["val_loss_std"] or 0)
-    return {"lead": lead, "spread": spread, "met": lead > spread}
-
-
-def _at_or_below(lines: list[dict], group: str, mine: str, other: str) -> dict | None:
-    """``mine``'s mean final loss at or below ``other``'s: the lead (other − mine) and the two seed spreads."""
-    a, b = _line(lines, group, mine), _line(lines, group, other)
-    if not a or not b or a["val_loss"] is None or b["val_loss"] is None:
-        return None
-    lead, spread = b["val_loss"] - a["val_loss"], (a["val_loss_std"] or 0) + (b["val_loss_std"] or 0)
-    return {"lead": lead, "spread": spread, "met": lead >= 0}
+    return {"lead": lead, "spread": spread, "met": lead > spread if by_spread else lead >= 0}
 
 
 def _lengths(lines: list[dict]) -> list[int]:
@@ -180,7 +172,7 @@ def targets(lines: list[dict]) -> dict[str, dict | None]:
         "length sweep: Bb-SDP 3/8 within 2% of DDP at the longest length": _longest(
             lines, lambda k: _within(_line(lines, "length", f"Bb-SDP 3/8 at {k} steps"), 0.02)),
         "unseen config, matched bytes: MAPL 4x (all changes + receiver anchors) at or below SSN 4x":
-            _at_or_below(lines, "unseen-config", "MAPL 4x (all changes + receiver anchors)", "SSN 4x"),
+            _ahead(lines, "unseen-config", "MAPL 4x (all changes + receiver anchors)", "SSN 4x", by_spread=False),
     }
 
 
