@@ -26,6 +26,24 @@ class _Default(str):
 
 _AUTO = _Default("auto")
 
+# Set by this process's Ctrl-C handler. An interrupt that lands inside a C extension's import can surface as
+# another error: numpy turns it into ImportError, and the next import of numpy then raises "cannot load module
+# more than once per process". Any error after a Ctrl-C is reported as the interrupt it came from.
+_CTRL_C = threading.Event()
+
+
+def _raise_swallowed_ctrl_c() -> None:
+    """A Ctrl-C that an import caught and hid (torch imports numpy as optional: an interrupted numpy import is an
+    ImportError that torch catches, and the start-up would carry on) is raised again here."""
+    if _CTRL_C.is_set():
+        raise KeyboardInterrupt
+
+
+def _on_ctrl_c(signum, frame):
+    """Python's default SIGINT behaviour (raise KeyboardInterrupt), remembered in ``_CTRL_C``."""
+    _CTRL_C.set()
+    raise KeyboardInterrupt
+
 
 def _train(args: argparse.Namespace, rest: list[str]) -> int:
     """Load, adopt torchrun's world size, validate once, choose the run folder, launch.
@@ -68,6 +86,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
         from slimpar.train.init_from import check_init_from
 
         check_init_from(cfg, out)  # the init_from folder still holds what the run first started from
+    _raise_swallowed_ctrl_c()  # before the run folder is announced: torch's import (in validate) may hide one
     again = _resume_command(args.argv, out, bool(args.out))
     if main:
         print(f"run folder: {out}  (to resume it: {again})", flush=True)
@@ -101,10 +120,8 @@ def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
     except (KeyboardInterrupt, SignalException, SystemExit, ChildFailedError) as e:
         if isinstance(e, SystemExit) and not e.code:
             raise
-        if isinstance(e, (KeyboardInterrupt, SignalException)) or getattr(e, "code", None) == 130:
-            print(f"\nslimpar: interrupted; the run folder is {out}; to resume it: {again}", file=sys.stderr,
-                  flush=True)
-            return 130
+        if isinstance(e, (KeyboardInterrupt, SignalException)) or getattr(e, "code", None) == 130 or _CTRL_C.is_set():
+            return _interrupted(out, again)
         from slimpar.train.launch import describe_failure
 
         print(_failed(out, again, describe_failure(e) if isinstance(e, ChildFailedError) else ""), file=sys.stderr,
@@ -113,12 +130,19 @@ def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
     except ConfigError:  # one line of its own, printed by main (exit 2)
         raise
     except Exception as e:  # an error of slimpar itself in this process: its paragraph, then where the run is
+        if _CTRL_C.is_set():  # the interrupt, surfacing as another error (see _CTRL_C)
+            return _interrupted(out, again)
         if debugging():
             print(_failed(out, again), file=sys.stderr, flush=True)
             raise
         print(f"{internal_error(e)}\n{_failed(out, again)}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _interrupted(out: Path, again: str) -> int:
+    print(f"\nslimpar: interrupted; the run folder is {out}; to resume it: {again}", file=sys.stderr, flush=True)
+    return 130
 
 
 def _failed(out: Path, again: str, why: str = "") -> str:
@@ -336,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["SLIMPAR_DEBUG"] = "1"
     try:
         if threading.current_thread() is threading.main_thread():  # after __main__.py's start-up handler
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, _on_ctrl_c)
         parser = build_parser(*_help_config(argv))
         args, rest = parser.parse_known_args(argv)
         args.argv = argv
@@ -352,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nslimpar: interrupted", file=sys.stderr, flush=True)
         return 130
     except Exception as e:  # a bug in slimpar (or in what it calls): one paragraph unless --debug
+        if _CTRL_C.is_set():  # the interrupt, surfacing as another error (see _CTRL_C)
+            print("\nslimpar: interrupted", file=sys.stderr, flush=True)
+            return 130
         if debugging():
             raise
         print(internal_error(e), file=sys.stderr, flush=True)
