@@ -319,9 +319,9 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     b.add_argument("--steps", type=int, default=None,
                    help="training steps per row of the full benchmark (default: sdp/mapl 100, quality 2000)")
     b.add_argument("--rows", default="", help="comma-separated groups, rows (name or group/name) or runs "
-                   "(group/name/sSEED); default: all but quality's opt-in studies (lr-sweep, tuned, "
-                   "sdp-lr-sweep, sdp-tuned, length, width, unseen-config, ...: bench/quality_rows.py), which run "
-                   "when named; finished runs are reused")
+                   "(group/name/sSEED); default: every row, except for quality: its core set (lr-sweep, tuned, "
+                   "sdp-lr-sweep, sdp-tuned), the other groups (one-rate, length, width, unseen-config, ...: "
+                   "bench/quality_rows.py) run when named; finished runs are reused")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="mapl only: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling)")
     b.add_argument("--jobs", type=int, default=None,

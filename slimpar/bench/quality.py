@@ -24,18 +24,20 @@ from pathlib import Path
 
 from slimpar.bench.quality_plots import plots
 from slimpar.bench.quality_report import aggregate, report_markdown, targets
-from slimpar.bench.quality_rows import GROUPS, OPT_IN, STEPS, SWEEPS, best_rates, quick_rows, rows
+from slimpar.bench.quality_rows import ALIASES, CORE, GROUPS, OPT_IN, STEPS, SWEEPS, best_rates, quick_rows, rows
 from slimpar.bench.report import metadata, run_commits, write_json
 from slimpar.bench.runner import Row, run_row, select_rows
 
 
 def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: int = 2,
                   steps: int = STEPS, report_only: bool = False) -> dict:
-    """Run (or reuse) every selected run, ``jobs`` at a time, rewriting the report after each one. A tuned
-    group runs after the others, once its sweep has given each row its rate.
+    """Run (or reuse) every selected run (``only``: the ``--rows`` names; none: the core set, ``CORE``), ``jobs``
+    at a time, rewriting the report after each one. A tuned group runs after the others, once its sweep has given
+    each row its rate.
 
     ``report_only`` trains nothing: the report covers the finished runs (their folders, or where a folder is
     gone, the run as the committed results.json recorded it) and lists the others as not run."""
+    only = _expand(only) or (None if quick else set(CORE))
     opt_in = tuple(g for g in OPT_IN if any(o == g or o.startswith(f"{g}/") for o in only or ()))
     _check_sweeps(out, opt_in)
     first, later_only = _split_tuned(only)
@@ -48,7 +50,8 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     meta = metadata({"quick": quick, "jobs": jobs, "steps": steps})
     phases = [tuple(g for g in opt_in if g in phase) for phase in PHASES]
     if report_only:
-        todo += [r for phase in phases for r in _tuned_rows(out, steps, phase, later_only)]
+        todo += [r for phase in phases for r in _tuned_rows(out, steps, tuple(g for g in phase if _swept(out, g)),
+                                                             later_only)]
         recorded = _recorded_runs(out)
         results = {r.key: run_row(r, out) if (out / "runs" / r.key / "summary.json").exists()
                    else recorded[(r.group, r.name, r.seed)] for r in todo
@@ -74,6 +77,13 @@ TUNED_GROUPS = tuple(g for phase in PHASES for g in phase)
 NEEDS = {"tuned": ("lr-sweep",), "sdp-tuned": ("sdp-lr-sweep",), "length": tuple(SWEEPS), "width": ("lr-sweep",)}
 
 
+def _expand(only: set[str] | None) -> set[str]:
+    """``--rows`` with its aliases (``one-rate``) replaced by the groups they name."""
+    if not only:
+        return set()
+    return set().union(*({r.group for r in rows(groups=ALIASES[o])} if o in ALIASES else {o} for o in only))
+
+
 def _split_tuned(only: set[str] | None) -> tuple[set[str] | None, set[str]]:
     """``--rows`` split into what selects runs of the first phase and what selects tuned runs."""
     if not only:
@@ -97,10 +107,16 @@ def _check_sweeps(out: Path, groups: tuple[str, ...], ran: bool = False) -> None
                                   f"both: --rows {sweep},{group}")
 
 
+def _swept(out: Path, group: str) -> bool:
+    """Whether every sweep ``group`` takes its rates from has finished under ``out``."""
+    return all(len(best_rates(out, sweep)) == len(SWEEPS[sweep][1]) for sweep in NEEDS[group])
+
+
 def _tuned_rows(out: Path, steps: int, tuned: tuple[str, ...], only: set[str]) -> list[Row]:
     if not tuned:
         return []
-    return select_rows([r for r in rows(steps, groups=tuned, sweep_dir=out) if r.group in tuned], only)
+    mine = {o for o in only if o.split("/")[0] in tuned}
+    return select_rows([r for r in rows(steps, groups=tuned, sweep_dir=out) if r.group in tuned], mine)
 
 
 def _run(out: Path, batch: list[Row], todo: list[Row], results: dict, failed: list[str], meta: dict,

@@ -1,6 +1,10 @@
 """The runs of ``slimpar bench quality`` (bench/quality.py): every group's rows, their commands and seeds.
 
-Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8 x 64 tokens):
+Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8 x 64 tokens). With no
+``--rows`` the benchmark runs its core set, ``CORE``: ``lr-sweep``, ``tuned``, ``sdp-lr-sweep`` and ``sdp-tuned``
+(every row at its own learning rate, matched bytes; about 2.2 h at 2 runs a time on 2 cores). Every other group
+runs when ``--rows`` names it; ``--rows one-rate`` names the six groups of issue 10's benchmark, which run every
+row at one learning rate (``GROUPS``):
 
 - ``sdp``: 8 blocks. DDP is one process on the same global batch (DDP's averaged gradient is the
   gradient of the global batch). B-SDP 0.5 and 3/8, N-SDP 0.5, Bb-SDP 0.5 and 3/8, FLOP-matched B-SDP 0.5.
@@ -11,21 +15,21 @@ Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8
 - ``mapl-deep``: the all-boundary variant closer to the paper: 8 blocks, 2 per stage.
 - ``mapl-lr1e-3``: the main pipeline comparisons again at learning rate 1e-3 instead of 2e-3.
 - ``resnet``: ResNet-18 at width 16 on Fashion-MNIST for 3 epochs (width 64 takes 2.7 s a step here).
-- ``rvq-update`` (opt-in: runs only when ``--rows`` names it): MAPL 16x + RVQ with the codebook EMA applied
+- ``rvq-update``: MAPL 16x + RVQ with the codebook EMA applied
   every microbatch, every 2 and every 4 steps, for RVQ's bytes against its quality (issue 20, item 6).
-- ``anchor-form`` (opt-in): MAPL 4x and 16x + RVQ with all changes, their factorized anchors symmetric (gradient
+- ``anchor-form``: MAPL 4x and 16x + RVQ with all changes, their factorized anchors symmetric (gradient
   rows exchanged every step) or receiver-only (no exchange), for the anchors' bytes (issue 20, item 5).
-- ``lr-sweep`` (opt-in): none, SSN 4x, MAPL 4x (all changes, receiver anchors), naive 4x and int8 at
+- ``lr-sweep`` (core): none, SSN 4x, MAPL 4x (all changes, receiver anchors), naive 4x and int8 at
   learning rates 5e-4 to 4e-3, one seed; the projecting codecs at matched total bytes
   (``--pipeline.compression_of total``) with token ids read locally (issue 20, item 1).
-- ``tuned`` (opt-in, after ``lr-sweep``): the same rows, 3 seeds, each at its best rate of the sweep.
-- ``sdp-lr-sweep`` and ``sdp-tuned`` (opt-in): the same for DDP, B-SDP 0.5 (iteration- and FLOP-matched),
+- ``tuned`` (core, after ``lr-sweep``): the same rows, 3 seeds, each at its best rate of the sweep.
+- ``sdp-lr-sweep`` and ``sdp-tuned`` (core): the same for DDP, B-SDP 0.5 (iteration- and FLOP-matched),
   Bb-SDP 0.5 and 3/8, the SDP rows batched (``sdp.virtual_batched``).
-- ``length`` (opt-in, after both sweeps): LENGTH_ROWS at 2,000 to 32,000 steps (16x in tokens, up to 16 and 10
+- ``length`` (after both sweeps): LENGTH_ROWS at 2,000 to 32,000 steps (16x in tokens, up to 16 and 10
   tokens per parameter), 3 seeds, each row at its tuned rate; the report fits each gap against log tokens.
-- ``width`` (opt-in, after ``lr-sweep``): none, SSN 4x and MAPL 4x at d = 64, 128 and 256, equal tokens per
+- ``width`` (after ``lr-sweep``): none, SSN 4x and MAPL 4x at d = 64, 128 and 256, equal tokens per
   parameter; the report fits each gap against log parameters and extrapolates it to the paper's 150M.
-- ``unseen-config`` (opt-in): none, SSN 4x and MAPL 4x with the defaults before issue 20 and with the candidate ones,
+- ``unseen-config``: none, SSN 4x and MAPL 4x with the defaults before issue 20 and with the candidate ones,
   at matched bytes, on a config no other row uses (6 blocks in 3 stages, 4 x 128 tokens a step; item 5).
 """
 
@@ -138,8 +142,12 @@ LENGTH_ROWS = ("none", "int8", "SSN 4x", "MAPL 4x", "naive 4x", *SDP_TUNED)
 # issue 20, item 4: none, SSN 4x and MAPL 4x at d = 64, 128 and 256 (4 blocks in 4 stages: quality_trends.WIDTHS),
 # each at the tokens per parameter of 2,000 steps at d = 128 (1.02) and at its rate tuned at d = 128
 WIDTH_ROWS = ("none", "SSN 4x", "MAPL 4x")
+# issue 10's benchmark, every row at one learning rate: runs when --rows names a group, or all as "one-rate"
 GROUPS = ("mapl", "sdp", "mapl-ablations", "mapl-deep", "mapl-lr1e-3", "resnet")
-# studies that run only when --rows names them: the default set keeps its hours
+ALIASES = {"one-rate": GROUPS}
+# what runs without --rows: the sweeps and the tuned rows (about 2.2 h at 2 runs at a time on 2 cores)
+CORE = ("lr-sweep", "tuned", "sdp-lr-sweep", "sdp-tuned")
+# the groups besides GROUPS; each runs only when --rows (or CORE, by default) names it
 OPT_IN = ("rvq-update", "anchor-form", "lr-sweep", "tuned", "sdp-lr-sweep", "sdp-tuned", "unseen-config", "length",
           "width")
 

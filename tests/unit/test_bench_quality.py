@@ -191,7 +191,7 @@ def test_report_only_rebuilds_the_committed_report_from_results_json(tmp_path, m
     shutil.copy(ROOT / "docs/results/quality/results.json", tmp_path / "results.json")
     committed = json.loads((tmp_path / "results.json").read_text())
     monkeypatch.setattr(quality, "plots", lambda *a, **k: None)  # the figures are not what this checks
-    data = quality.bench_quality(tmp_path, quick=False, report_only=True)
+    data = quality.bench_quality(tmp_path, quick=False, only={"one-rate"}, report_only=True)
     assert data["lines"] == committed["lines"]
     assert {k: data["targets"].get(k) for k in committed["targets"]} == committed["targets"]
     assert all(v is None for k, v in data["targets"].items() if k not in committed["targets"])  # added since: not run
@@ -283,3 +283,18 @@ def test_a_sweep_and_its_tuned_group_run_in_one_call_the_tuned_after(tmp_path, m
     tuned = [r for r in data["runs"] if r["group"] == "tuned"]
     assert len(tuned) == 3 * len(quality_rows.TUNED) and all(r["tags"]["lr"] == "1e-3" for r in tuned)
     assert not data["pending"] and not data["failed"]
+
+
+def test_the_default_set_is_the_core_set_and_one_rate_names_issue_10s_groups(tmp_path, monkeypatch):
+    """No --rows: the sweeps, then (once they finish) the tuned rows; ``one-rate``: the six one-rate groups."""
+    from slimpar.bench import quality
+    from slimpar.bench.quality_rows import GROUPS, SWEEPS, rows
+
+    monkeypatch.setattr(quality, "plots", lambda *a, **k: None)
+    pending = quality.bench_quality(tmp_path / "a", quick=False, report_only=True)["pending"]
+    sweeps = {g: len(rows(groups=(g,))) for g in SWEEPS}
+    assert sweeps == {"lr-sweep": 20, "sdp-lr-sweep": 25}
+    assert sorted(pending) == sorted(r.key for g in SWEEPS for r in rows(groups=(g,)))
+    one_rate = quality.bench_quality(tmp_path / "b", quick=False, only={"one-rate"}, report_only=True)["pending"]
+    assert sorted(one_rate) == sorted(r.key for r in rows(groups=GROUPS))
+    assert {r.group for r in rows(groups=GROUPS)} <= set(GROUPS) and not set(one_rate) & set(pending)
