@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from slimpar.bench.report import fmt, markdown_table, pm
+from slimpar.bench.sdp import batch_markdown
 
 
 def _group(src, group: str) -> list[dict]:
@@ -185,6 +186,7 @@ TABLES: dict[str, Callable] = {
     "sdp:llama": sdp_table("llama"),
     "sdp:resnet": sdp_table("resnet"),
     "sdp:virtual": virtual_table,
+    "batch_size:batch": lambda src: batch_markdown(src.data["lines"]),
     "mapl:main": mapl_table,
     "memory:paper": memory_table,
     "wallclock:main": wallclock_table,

@@ -4,7 +4,8 @@ Rows follow the claim tables of METHODS.md Part 1: block (B-SDP) and neuron (N-S
 forward masking, block subnetworks with backward masking (Bb-SDP), SDP with activation
 checkpointing and with FSDP2; iteration-matched and FLOP-matched (1/keep more steps); two seeds for
 the main rows. The ``virtual`` group times virtual SDP (one process, the quality benchmark's config)
-against DDP, one worker after another and batched. Every number comes from the rows' own ``summary.json``.
+against DDP, one worker after another and batched; the ``batch`` group times DDP and batched virtual SDP at 8, 16
+and 32 sequences a step, for tokens/s. Every number comes from the rows' own ``summary.json``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from slimpar.bench.report import commits_note, fmt, markdown_table, mean_spread, metadata, run_commits, write_json
 from slimpar.bench.runner import Row, run_rows, select_rows
-from slimpar.bench.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
+from slimpar.bench.timing import ratio_cell, step_time_ratios, summarize, timing_note, timing_rounds
 
 LLAMA, RESNET, TINY = "configs/llama_small.toml", "configs/resnet18_fmnist.toml", "configs/llama_tiny.toml"
 QUALITY = "configs/llama_quality.toml"
@@ -77,6 +78,43 @@ def virtual_rows(steps: int) -> list[Row]:
             for n, o in rows.items()]
 
 
+BATCHES = (8, 16, 32)  # sequences of 64 tokens a step: bench quality's 8, then twice and four times as many
+
+
+def batch_rows(steps: int) -> list[Row]:
+    """Whether larger batches raise tokens/s on CPU (issue 20, item 2): DDP and batched virtual B-SDP 0.5 on
+    ``bench quality``'s config and its one thread per run, at 8, 16 and 32 sequences a step. Timed like the
+    virtual group; the report gives each row's tokens/s against DDP at 8 sequences (the row named "DDP")."""
+    batched = [*SDP, "--sdp.virtual", "true", "--sdp.virtual_workers", "4", "--sdp.level", "block",
+               "--sdp.keep", "0.5", "--sdp.virtual_batched", "true"]
+    base = ["--model.n_layers", "8", "--train.steps", str(max(steps, VIRTUAL_STEPS))]
+    rows = []
+    for name, opts in (("DDP", []), ("virtual B-SDP 0.5 batched", batched)):
+        for b in BATCHES:
+            label = name if b == BATCHES[0] else f"{name} at batch {b}"
+            rows.append(Row(label, QUALITY, base + opts + ["--train.batch_size", str(b)], "batch",
+                            timing_steps=VIRTUAL_STEPS, env={"OMP_NUM_THREADS": "1"}))
+    return rows
+
+
+def tokens_per_s_vs_ddp(line: dict, ddp: dict | None, ratio: dict | None) -> dict | None:
+    """Tokens/s against the group's DDP row per timing round: (tokens a step / DDP's) / (step time / DDP's),
+    as median [range] over the rounds (the keys ``ratio_cell`` reads)."""
+    if not ddp or not ratio or not line.get("tokens_per_step") or not ddp.get("tokens_per_step"):
+        return None
+    scale = line["tokens_per_step"] / ddp["tokens_per_step"]
+    return summarize([scale / r for r in ratio.get("ratio", []) if r], "ratio")
+
+
+def batch_markdown(lines: list[dict]) -> str:
+    """The batch group: step time and tokens/s of each row against DDP at 8 sequences a step."""
+    body = [[ln["row"], str(ln["tokens_per_step"]), fmt(ln["step_time_s"], 3), ratio_cell(ln.get("step_time")),
+             fmt(ln.get("tokens_per_s"), 0), ratio_cell(ln.get("tokens_per_s_vs_ddp"))]
+            for ln in lines if ln["group"] == "batch"]
+    return markdown_table(["run (one process, one thread)", "tokens a step", "step time (s)",
+                           "step time × DDP, median [range]", "tokens/s", "tokens/s × DDP, median [range]"], body)
+
+
 def quick_rows() -> list[Row]:
     # the harness end to end; FSDP2's and N-SDP's accounting is checked in tests/distributed already
     base = ["--parallel.workers", "4", "--train.steps", "6", "--eval.batches", "1", "--data.ood", "none",
@@ -122,6 +160,7 @@ def _line(group: str, name: str, runs: list[dict], ddp: list[dict] | None) -> di
             "wire_bytes_per_step": _m(runs, "wire_bytes_per_step"), "step_time_s": _m(runs, "step_time_s"),
             **{key: _m(runs, key) for key in BYTES_PER_RANK},
             "steps": s0.get("steps"), "plan_floor_bytes": _plan_floor(s0), "spectral_gap": _plan(s0, "spectral_gap"),
+            "tokens_per_s": _m(runs, "tokens_per_s"), "tokens_per_step": _tokens_per_step(s0),
             "command": runs[0]["command"]}
     if ddp:
         for key in ("peak_mem_bytes", "comm_bytes_per_step", "step_time_s", "comm_bytes_sent_per_step_max",
@@ -129,6 +168,12 @@ def _line(group: str, name: str, runs: list[dict], ddp: list[dict] | None) -> di
             base = _m(ddp, key)
             line[f"{key}_vs_ddp"] = line[key] / base if base and line[key] is not None else None
     return line
+
+
+def _tokens_per_step(summary: dict) -> int | None:
+    """Tokens (or images) a step: the trainer's ``tokens_per_s`` is exactly that over ``step_time_s``."""
+    rate, step = summary.get("tokens_per_s"), summary.get("step_time_s")
+    return round(rate * step) if rate and step else None
 
 
 def _plan_floor(summary: dict):
@@ -165,9 +210,11 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
             "4 local gloo workers on this machine (the virtual group's: one process simulating them), measured side "
             "by side in one benchmark run.\n\n")
     timing = timing_note(meta["timing"], meta["timing_rounds"]) if meta.get("timing") else ""
-    untimed = sorted({ln["group"] for ln in lines} - {lines[0]["group"], "virtual"})
+    untimed = sorted({ln["group"] for ln in lines} - {lines[0]["group"], "virtual", "batch"})
     if timing and untimed:
         timing += f"The timing rounds did not run for the {', '.join(untimed)} rows: they show one run's ratio.\n"
+    if any(ln["group"] == "batch" for ln in lines):
+        timing += f"\nBatch size (the batch group; DDP is the row at 8 sequences a step):\n\n{batch_markdown(lines)}\n"
     cmds = "\n".join(f"- {ln['row']} ({ln['group']}): `{ln['command']}`" for ln in lines)
     table = markdown_table(headers, rows)
     return head + commits_note(meta) + table + BYTES_NOTE + timing + "\nCommands:\n\n" + cmds + "\n"
@@ -179,18 +226,21 @@ def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = 
     then DDP and B-SDP 0.5 over throttled links unless ``links`` is False."""
     from slimpar.bench.throttled import run_throttled, throttled_markdown
 
-    rows = quick_rows() if quick else llama_rows(LLAMA, steps, seeds) + resnet_rows(steps) + virtual_rows(steps)
+    rows = (quick_rows() if quick else llama_rows(LLAMA, steps, seeds) + resnet_rows(steps) + virtual_rows(steps)
+            + batch_rows(steps))
     rows = select_rows(rows, only)
     out.mkdir(parents=True, exist_ok=True)
     results = run_rows(rows, out, jobs)
     # timing rounds for the first group (the LLaMA rows whose step times the README compares) and for virtual
     # SDP's cost
-    timed = (rows[0].group, "virtual")
+    timed = (rows[0].group, "virtual", "batch")
     timings = timing_rounds([r for r in rows if r.seed == seeds[0] and r.group in timed], rounds, out)
     ratios = step_time_ratios(results, timings, "DDP")
     lines = aggregate(results)
+    ddp = {ln["group"]: ln for ln in lines if ln["row"] == "DDP"}
     for ln in lines:
         ln["step_time"] = ratios.get((ln["group"], ln["row"]))
+        ln["tokens_per_s_vs_ddp"] = tokens_per_s_vs_ddp(ln, ddp.get(ln["group"]), ratios.get((ln["group"], ln["row"])))
     meta = metadata({"quick": quick, "steps": None if quick else steps, "timing_rounds": rounds,
                      "run_commits": run_commits(results + timings)})
     meta["timing"] = {f"{g}/{n}": v for (g, n), v in ratios.items()} if rounds else None

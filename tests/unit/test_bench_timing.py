@@ -47,3 +47,22 @@ def test_a_report_whose_runs_span_commits_says_so():
     note = commits_note({"run_commits": run_commits(runs)})
     assert "Mixed commits" in note and "`aaaaaaa`" in note and "`bbbbbbb`" in note
     assert commits_note({"run_commits": ["a" * 40]}) == ""
+
+
+def test_tokens_per_s_against_ddp_from_the_step_time_ratios_and_the_batch():
+    """The batch group (bench sdp, issue 20 item 2): tokens/s × DDP = (tokens a step / DDP's) / (step × DDP's),
+    per round; a row at 4x DDP's batch whose steps take 2.5x, 2x and 3x as long moves 1.6, 2 and 1.33x the
+    tokens a second."""
+    from slimpar.bench.sdp import _tokens_per_step, batch_rows, tokens_per_s_vs_ddp
+
+    ratio = {"ratio": [2.5, 2.0, 3.0]}
+    got = tokens_per_s_vs_ddp({"tokens_per_step": 2048}, {"tokens_per_step": 512}, ratio)
+    assert (got["ratio_median"], got["ratio_max"], got["ratio_n"]) == (1.6, 2.0, 3)
+    assert abs(got["ratio_min"] - 4 / 3) < 1e-12
+    assert tokens_per_s_vs_ddp({"tokens_per_step": None}, {"tokens_per_step": 512}, ratio) is None
+    assert _tokens_per_step({"tokens_per_s": 1024 / 0.3, "step_time_s": 0.3}) == 1024
+    assert _tokens_per_step({"tokens_per_s": None, "step_time_s": 0.3}) is None
+    rows = batch_rows(100)
+    assert [r.name for r in rows if r.name.startswith("DDP")] == ["DDP", "DDP at batch 16", "DDP at batch 32"]
+    assert all(r.group == "batch" and "," not in r.name for r in rows)
+    assert [r.overrides[r.overrides.index("--train.batch_size") + 1] for r in rows] == ["8", "16", "32"] * 2
