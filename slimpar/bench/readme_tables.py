@@ -186,6 +186,7 @@ TABLES: dict[str, Callable] = {
     "sdp:llama": sdp_table("llama"),
     "sdp:resnet": sdp_table("resnet"),
     "sdp:virtual": virtual_table,
+    "batch_size:virtual": virtual_table,
     "batch_size:batch": lambda src: batch_markdown(src.data["lines"]),
     "mapl:main": mapl_table,
     "memory:paper": memory_table,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from slimpar.bench.report import commits_note, fmt, markdown_table, mean_spread, metadata, run_commits, write_json
 from slimpar.bench.runner import Row, run_rows, select_rows
-from slimpar.bench.timing import ratio_cell, step_time_ratios, summarize, timing_note, timing_rounds
+from slimpar.bench.timing import TIMING_STEPS, ratio_cell, step_time_ratios, summarize, timing_note, timing_rounds
 
 LLAMA, RESNET, TINY = "configs/llama_small.toml", "configs/resnet18_fmnist.toml", "configs/llama_tiny.toml"
 QUALITY = "configs/llama_quality.toml"
@@ -209,7 +209,9 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
             f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. Every row is a `slimpar train` run with "
             "4 local gloo workers on this machine (the virtual group's: one process simulating them), measured side "
             "by side in one benchmark run.\n\n")
-    timing = timing_note(meta["timing"], meta["timing_rounds"]) if meta.get("timing") else ""
+    long = sorted({ln["group"] for ln in lines} & {"virtual", "batch"})  # their rows time VIRTUAL_STEPS steps
+    steps = f"{TIMING_STEPS} ({' and '.join(long)} groups: {VIRTUAL_STEPS})" if long else TIMING_STEPS
+    timing = timing_note(meta["timing"], meta["timing_rounds"], steps) if meta.get("timing") else ""
     untimed = sorted({ln["group"] for ln in lines} - {lines[0]["group"], "virtual", "batch"})
     if timing and untimed:
         timing += f"The timing rounds did not run for the {', '.join(untimed)} rows: they show one run's ratio.\n"

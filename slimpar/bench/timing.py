@@ -91,7 +91,7 @@ TIMING_NOTE = ("\nStep time: each row's median step after warm-up, in its own ru
                "[min–max]. The 1-minute load average before the runs: {load}.\n")
 
 
-def timing_note(ratios: dict, rounds: int) -> str:
+def timing_note(ratios: dict, rounds: int, steps: str | int = TIMING_STEPS) -> str:
     loads = [v for e in ratios.values() for v in e["load_1m"] if v is not None]
     load = f"{min(loads):.1f}–{max(loads):.1f}" if loads else "not recorded"
-    return TIMING_NOTE.format(rounds=rounds, steps=TIMING_STEPS, n=rounds + 1, load=load)
+    return TIMING_NOTE.format(rounds=rounds, steps=steps, n=rounds + 1, load=load)
