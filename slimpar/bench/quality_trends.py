@@ -7,10 +7,14 @@ Rows are named ``"<row> at <N> steps"`` (length) or ``"<row> at d <D>"`` (width)
 Fit: ordinary least squares of every seed's paired gap g = row_s / baseline_s − 1 on x = log10(tokens) or
 log10(parameters): g = a + b·x. The slope's standard error comes from the residuals (n − 2 degrees of
 freedom). Over the sweep, the gap **shrinks** when b + t·se < 0, **grows** when b − t·se > 0 (t: the two-sided
-95% Student quantile), and otherwise **holds** within the uncertainty. The width sweep's extrapolation to the
-paper's 150M-parameter model is a + b·log10(150M) with its 95% prediction interval; it assumes that the
-log-linear trend goes on for 50x in parameters, at the sweep's tokens per parameter and with each row's learning
-rate tuned at d = 128, which three widths cannot test.
+95% Student quantile), and otherwise **holds** within the uncertainty.
+
+The width sweep's extrapolation to the paper's 150M-parameter model assumes a power law instead, g = c·N^k:
+the same OLS on (log10 N, ln g) over the seeds whose gap is positive, and exp of the fit at 150M with its 95%
+prediction interval. A straight line in log N, extrapolated 50x, crosses zero and predicts a compressed model
+better than the uncompressed one; a power law stays positive and shrinks towards 0. It still assumes the trend
+of three widths goes on for 50x in parameters, at the sweep's tokens per parameter and with each row's learning
+rate tuned at d = 128, which the sweep cannot test.
 """
 
 from __future__ import annotations
@@ -99,6 +103,25 @@ def predict(f: dict, x: float) -> tuple[float, float]:
     return f["a"] + f["b"] * x, half
 
 
+def power_law(pts: list[tuple[float, float]], x: float) -> tuple[float, float, float, int] | None:
+    """The power-law fit's gap at x, its 95% prediction interval (low, high), and how many non-positive gaps it
+    left out (None where fewer than 3 positive gaps at 2 x's remain)."""
+    f = fit([(px, math.log(g)) for px, g in pts if g > 0])
+    if f is None:
+        return None
+    mid, half = predict(f, x)
+    return math.exp(mid), math.exp(mid - half), math.exp(mid + half), sum(g <= 0 for _, g in pts)
+
+
+def _extrapolated(pts: list[tuple[float, float]]) -> str:
+    got = power_law(pts, math.log10(PAPER_PARAMS))
+    if got is None:
+        return "–"
+    mid, low, high, dropped = got
+    left = f"; {dropped} seed(s) ≤ 0 left out" if dropped else ""
+    return f"+{100 * mid:.2f}% [+{100 * low:.2f}, +{100 * high:.2f}]{left}"
+
+
 def markdown(results: list[dict], group: str) -> str:
     """The sweep's table: each row's gap at every point (mean ± std over seeds), the fitted slope and verdict."""
     pts = points(results, group)
@@ -120,11 +143,7 @@ def markdown(results: list[dict], group: str) -> str:
         f = fit(p)
         cells += [f"{100 * f['b']:+.2f} ± {100 * f['b_se']:.2f} points" if f else "–", f["verdict"] if f else "–"]
         if extra:
-            if f:
-                mid, half = predict(f, math.log10(PAPER_PARAMS))
-                cells.append(f"{100 * mid:+.1f}% [{100 * (mid - half):+.1f}, {100 * (mid + half):+.1f}]")
-            else:
-                cells.append("–")
+            cells.append(_extrapolated(p))
         body.append(cells)
     what = "training tokens" if group == "length" else "model parameters (equal tokens per parameter)"
     note = (f"\nGap to the baseline at the same {'length' if group == 'length' else 'width'}, paired by seed (mean ± "
@@ -132,9 +151,10 @@ def markdown(results: list[dict], group: str) -> str:
             "percentage points per 10x, with its standard error; over the sweep: shrinks or grows where the 95% "
             "interval of the slope excludes 0, holds otherwise.")
     if extra:
-        note += (f" Extrapolation: the fit at {PAPER_PARAMS / 1e6:.0f}M parameters with its 95% prediction interval, "
-                 f"assuming the log-linear trend holds for 50x more parameters (the paper: MAPL 4x "
-                 f"+{100 * PAPER_GAP:.2f}%).")
+        note += (f" Extrapolation: a power law, gap = c·N^k, fitted to the seeds' positive gaps (OLS of ln gap on "
+                 f"log10 N), at {PAPER_PARAMS / 1e6:.0f}M parameters with its 95% prediction interval; it assumes the "
+                 f"trend of these widths holds for 50x more parameters at these tokens per parameter and learning "
+                 f"rates (the paper: MAPL 4x +{100 * PAPER_GAP:.2f}%).")
     return f"\n{'Length' if group == 'length' else 'Width'} sweep:\n\n" + markdown_table(headers, body) + note + "\n"
 
 

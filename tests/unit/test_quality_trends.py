@@ -105,3 +105,27 @@ def test_the_report_has_the_sweep_tables_and_the_length_targets(tmp_path):
     assert "Length sweep:" in md and "shrinks" in md
     quality_trends.plot(runs, "length", tmp_path)
     assert (tmp_path / "gap_vs_tokens.png").stat().st_size > 0
+
+
+def test_the_width_extrapolation_is_a_power_law_fitted_in_log_space():
+    """gap = c·N^k through exact points gives back c·(150M)^k with a zero-width interval; a non-positive seed is
+    left out and counted; the interval is scipy's prediction interval for ln gap, exponentiated."""
+    c, k = 40.0, -0.45
+    xs = [5.5, 6.0, 6.53]
+    exact = [(x, c * (10 ** x) ** k) for x in xs for _ in range(2)]
+    mid, low, high, dropped = quality_trends.power_law(exact, math.log10(150e6))
+    assert mid == pytest.approx(c * 150e6 ** k) and low == pytest.approx(mid) and high == pytest.approx(mid)
+    assert dropped == 0
+    noisy = [(5.5, 0.06), (5.5, 0.05), (6.0, 0.04), (6.0, -0.001), (6.53, 0.03), (6.53, 0.035)]
+    mid, low, high, dropped = quality_trends.power_law(noisy, math.log10(150e6))
+    kept = [(x, math.log(g)) for x, g in noisy if g > 0]
+    ref = stats.linregress([x for x, _ in kept], [y for _, y in kept])
+    x0, n = math.log10(150e6), len(kept)
+    mx = sum(x for x, _ in kept) / n
+    s = math.sqrt(sum((y - ref.intercept - ref.slope * x) ** 2 for x, y in kept) / (n - 2))
+    half = stats.t.ppf(0.975, n - 2) * s * math.sqrt(1 + 1 / n + (x0 - mx) ** 2 / sum((x - mx) ** 2 for x, _ in kept))
+    centre = ref.intercept + ref.slope * x0
+    assert dropped == 1 and mid == pytest.approx(math.exp(centre))
+    assert (low, high) == (pytest.approx(math.exp(centre - half)), pytest.approx(math.exp(centre + half)))
+    assert 0 < low < mid < high
+    assert quality_trends.power_law(noisy[:2], x0) is None
