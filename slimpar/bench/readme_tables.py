@@ -107,6 +107,13 @@ def virtual_table(src) -> str:
     return markdown_table(["run (one process, 4 simulated workers)", "step time (s)", "× DDP, median [range]"], body)
 
 
+def _trend(src, group: str) -> str:
+    """A length or width sweep's table and its note (bench/quality_trends.py), from the runs results.json holds."""
+    from slimpar.bench.quality_trends import markdown
+
+    return markdown(src.data["runs"], group).split(":\n\n", 1)[-1].strip()
+
+
 def _mib(b) -> str:
     return "–" if b is None else f"{b / 2**20:.1f} MiB"
 
@@ -183,6 +190,7 @@ TABLES: dict[str, Callable] = {
     **{f"tuned:{g}": quality_table(g) for g in ("tuned", "sdp-tuned", "unseen-config")},
     **{f"tuned:{g}": sweep_table(g) for g in ("lr-sweep", "sdp-lr-sweep")},
     "tuned:targets": measured_targets,
+    "tuned:width": lambda src: _trend(src, "width"),
     "sdp:llama": sdp_table("llama"),
     "sdp:resnet": sdp_table("resnet"),
     "sdp:virtual": virtual_table,
