@@ -50,8 +50,8 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     meta = metadata({"quick": quick, "jobs": jobs, "steps": steps})
     phases = [tuple(g for g in opt_in if g in phase) for phase in PHASES]
     if report_only:
-        todo += [r for phase in phases for r in _tuned_rows(out, steps, tuple(g for g in phase if _swept(out, g)),
-                                                             later_only)]
+        for phase in phases:
+            todo += _new(todo, _tuned_rows(out, steps, tuple(g for g in phase if _swept(out, g)), later_only))
         recorded = _recorded_runs(out)
         results = {r.key: run_row(r, out) if (out / "runs" / r.key / "summary.json").exists()
                    else recorded[(r.group, r.name, r.seed)] for r in todo
@@ -60,7 +60,7 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     _run(out, todo, todo, results, failed, meta, jobs)
     for phase in (p for p in phases if p):  # the sweeps have finished: each row's rate is known now
         _check_sweeps(out, phase, ran=True)
-        later = _tuned_rows(out, steps, phase, later_only)
+        later = _new(todo, _tuned_rows(out, steps, phase, later_only))
         _reuse_sweep_runs(out, later)
         todo += later
         _run(out, later, todo, results, failed, meta, jobs)
@@ -71,10 +71,17 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
 
 
 # the groups that run at the sweeps' rates, in phases after the sweeps: the tuned groups, then the length and
-# width sweeps (whose shortest or d = 128 runs are the tuned groups' runs)
-PHASES = (tuple(t for t, _ in SWEEPS.values()), ("length", "width"))
+# width sweeps (whose shortest or d = 128 runs are the tuned groups' runs), then the third seeds at the longest
+# length that the first two leave unresolved (quality_rows.third_seed)
+PHASES = (tuple(t for t, _ in SWEEPS.values()), ("length", "width"), ("length",))
 TUNED_GROUPS = tuple(g for phase in PHASES for g in phase)
 NEEDS = {"tuned": ("lr-sweep",), "sdp-tuned": ("sdp-lr-sweep",), "length": tuple(SWEEPS), "width": ("lr-sweep",)}
+
+
+def _new(todo: list[Row], rows: list[Row]) -> list[Row]:
+    """``rows`` not in ``todo`` (a later phase lists the runs of the one before again)."""
+    have = {r.key for r in todo}
+    return [r for r in rows if r.key not in have]
 
 
 def _expand(only: set[str] | None) -> set[str]:

@@ -26,7 +26,8 @@ row at one learning rate (``GROUPS``):
 - ``sdp-lr-sweep`` and ``sdp-tuned`` (core): the same for DDP, B-SDP 0.5 (iteration- and FLOP-matched),
   Bb-SDP 0.5 and 3/8, the SDP rows batched (``sdp.virtual_batched``).
 - ``length`` (after both sweeps): LENGTH_ROWS at 2,000 to 32,000 steps (16x in tokens, up to 16 and 10
-  tokens per parameter), 3 seeds, each row at its tuned rate; the report fits each gap against log tokens.
+  tokens per parameter), 3 seeds (at the longest, 2 where their gaps' spread is under a quarter of the gap:
+  ``third_seed``), each row at its tuned rate; the report fits each gap against log tokens.
 - ``width`` (after ``lr-sweep``): none, SSN 4x and MAPL 4x at d = 64, 128 and 256, equal tokens per
   parameter; the report fits each gap against log parameters and extrapolates it to the paper's 150M.
 - ``unseen-config``: none, SSN 4x and MAPL 4x with the defaults before issue 20 and with the candidate ones,
@@ -36,10 +37,11 @@ row at one learning rate (``GROUPS``):
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from slimpar.bench.mapl import ROWS as CODECS
-from slimpar.bench.quality_trends import WIDTHS, width_params
+from slimpar.bench.quality_trends import WIDTHS, baseline_name, split_name, width_params
 from slimpar.bench.runner import Row
 
 CONFIG = "configs/llama_quality.toml"
@@ -139,6 +141,10 @@ UNSEEN = {
 # tuned group's runs). 32,000 steps are 16.4M tokens: 16 tokens per parameter for the 4-block pipeline, 10 for SDP
 LENGTHS = (2000, 5000, 12500, 32000)
 LENGTH_ROWS = ("none", "int8", "SSN 4x", "MAPL 4x", "naive 4x", *SDP_TUNED)
+# at the longest length 2 seeds are enough where their spread is well below the gap (the issue's words): a third
+# runs where the two seeds' paired gaps spread by more than a quarter of their mean, in a phase after every row's
+# first two (third_seed)
+WELL_BELOW = 0.25
 # issue 20, item 4: none, SSN 4x and MAPL 4x at d = 64, 128 and 256 (4 blocks in 4 stages: quality_trends.WIDTHS),
 # each at the tokens per parameter of 2,000 steps at d = 128 (1.02) and at its rate tuned at d = 128
 WIDTH_ROWS = ("none", "SSN 4x", "MAPL 4x")
@@ -240,9 +246,11 @@ def _rate_rows(steps: int, seeds: tuple[int, ...], groups: tuple[str, ...], swee
     named = {**TUNED, **SDP_TUNED}
     tuned_of = {n: SWEEPS[w][0] for w in SWEEPS for n in SWEEPS[w][1]}
     if "length" in groups:
+        longest = longest_losses(sweep_dir) if sweep_dir else {}
         out += [Row(f"{n} at {k} steps", CONFIG, ["--train.steps", str(k), *named[n], "--train.lr", rate[n]],
                     "length", s, tags={"lr": rate[n], "steps": k, **_same(k == STEPS, n, tuned_of[n], s)})
-                for k in LENGTHS for n in LENGTH_ROWS if n in rate for s in seeds]
+                for k in LENGTHS for n in LENGTH_ROWS if n in rate for s in seeds
+                if k < LENGTHS[-1] or s in seeds[:2] or third_seed(longest, n)]
     if "width" in groups:
         for size, d in WIDTHS.items():
             n_steps = round(STEPS * width_params(size) / width_params("mini"))
@@ -252,6 +260,38 @@ def _rate_rows(steps: int, seeds: tuple[int, ...], groups: tuple[str, ...], swee
                         tags={"lr": rate[n], "d": d, **_same(size == "mini", n, "tuned", s)})
                     for n in WIDTH_ROWS if n in rate for s in seeds]
     return out
+
+
+def longest_losses(out: Path) -> dict[tuple[str, int], float]:
+    """(row, seed) -> final val loss of the length sweep's finished runs at the longest length, from their folders
+    under ``out`` or, where a folder is gone, from the results.json there."""
+    path = out / "results.json"
+    runs = json.loads(path.read_text()).get("runs", []) if path.exists() else []
+    got = {(r["row"], r["seed"]): r["summary"].get("val_loss") for r in runs if r["group"] == "length"}
+    for name in LENGTH_ROWS:
+        for seed in SEEDS:
+            row = Row(f"{name} at {LENGTHS[-1]} steps", CONFIG, group="length", seed=seed)
+            if (summary := out / "runs" / row.key / "summary.json").exists():
+                got[(row.name, seed)] = json.loads(summary.read_text()).get("val_loss")
+    return {(split_name(row)[0], seed): v for (row, seed), v in got.items()
+            if v is not None and split_name(row)[1] == f"{LENGTHS[-1]} steps"}
+
+
+def third_seed(losses: dict[tuple[str, int], float], name: str) -> bool:
+    """Whether ``name`` runs a third seed at the longest length: where its first two seeds' paired gaps to the
+    baseline spread by more than ``WELL_BELOW`` of their mean (std = |g0 - g1| / sqrt 2), and for a baseline
+    (none, DDP) where any row compared with it does. ``losses``: longest_losses. Until both seeds and their
+    baselines have finished: no (the benchmark asks again after them, in bench/quality.py's last phase)."""
+    row = f"{name} at {LENGTHS[-1]} steps"
+    if baseline_name(row) == row:
+        return any(third_seed(losses, n) for n in LENGTH_ROWS
+                   if n != name and baseline_name(f"{n} at {LENGTHS[-1]} steps") == row)
+    base = split_name(baseline_name(row))[0]
+    pairs = [(losses.get((name, s)), losses.get((base, s))) for s in SEEDS[:2]]
+    if any(mine is None or ref is None for mine, ref in pairs):
+        return False
+    g0, g1 = (mine / ref - 1 for mine, ref in pairs)
+    return abs(g0 - g1) / math.sqrt(2) > WELL_BELOW * abs(g0 + g1) / 2
 
 
 def _same(same: bool, name: str, group: str, seed: int) -> dict:

@@ -150,6 +150,9 @@ def markdown(results: list[dict], group: str) -> str:
             f"std, seeds in brackets), against {what}; slope: the OLS fit of every seed's gap on log10({unit}), in "
             "percentage points per 10x, with its standard error; over the sweep: shrinks or grows where the 95% "
             "interval of the slope excludes 0, holds otherwise.")
+    if group == "length":
+        note += (" At the longest length a row runs 2 seeds where their gaps' spread is under a quarter of the gap "
+                 "(issue 20: well below it), else 3; its baseline runs 3 where any row compared with it does.")
     if extra:
         note += (f" Extrapolation: a power law, gap = c·N^k, fitted to the seeds' positive gaps (OLS of ln gap on "
                  f"log10 N), at {PAPER_PARAMS / 1e6:.0f}M parameters with its 95% prediction interval; it assumes the "

@@ -201,10 +201,10 @@ def test_report_only_rebuilds_the_committed_report_from_results_json(tmp_path, m
     assert f"the rows ran on {len(commits)} commits" in (tmp_path / "report.md").read_text()
 
 
-def _sweep_summary(tmp_path, name: str, lr: str, val: float) -> None:
+def _sweep_summary(tmp_path, name: str, lr: str, val: float, sweep: str = "lr-sweep") -> None:
     from slimpar.bench.runner import Row
 
-    key = Row(quality_rows.sweep_name(name, lr), quality_rows.CONFIG, group="lr-sweep").key
+    key = Row(quality_rows.sweep_name(name, lr), quality_rows.CONFIG, group=sweep).key
     folder = tmp_path / "runs" / key
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(f'{{"val_loss": {val}}}')
@@ -298,3 +298,40 @@ def test_the_default_set_is_the_core_set_and_one_rate_names_issue_10s_groups(tmp
     one_rate = quality.bench_quality(tmp_path / "b", quick=False, only={"one-rate"}, report_only=True)["pending"]
     assert sorted(one_rate) == sorted(r.key for r in rows(groups=GROUPS))
     assert {r.group for r in rows(groups=GROUPS)} <= set(GROUPS) and not set(one_rate) & set(pending)
+
+
+def test_the_length_sweeps_third_seeds_run_last_and_only_where_needed(tmp_path, monkeypatch):
+    """``--rows length``: every row's first two seeds at every length, then the third seeds at the longest length
+    that quality_rows.third_seed asks for (here SSN 4x, whose seeds' gaps differ, and its baseline none)."""
+    import json
+
+    longest = quality_rows.LENGTHS[-1]
+    for sweep, named in (("lr-sweep", quality_rows.TUNED), ("sdp-lr-sweep", quality_rows.SDP_TUNED)):
+        for name in named:
+            for lr in quality_rows.SWEEP_RATES[sweep]:
+                _sweep_summary(tmp_path, name, lr, 3.0 + abs(float(lr) - 1e-3), sweep)
+    trained = []
+
+    def fake_run_row(row, root, timeout=0):
+        folder = root / "runs" / row.key
+        if not (folder / "summary.json").exists():
+            trained.append((row.name, row.seed))
+            head = row.name.rpartition(" at ")[0]
+            gap = 0.0 if head in ("none", "DDP") else 0.01 + 0.02 * row.seed if head == "SSN 4x" else 0.02
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text(json.dumps({"val_loss": 3.5 * (1 + 0.01 * row.seed) * (1 + gap)}))
+        return {"row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags, "command": "cmd",
+                "summary": json.loads((folder / "summary.json").read_text()), "curve": [], "wall_s": None}
+
+    monkeypatch.setattr(quality, "run_row", fake_run_row)
+    monkeypatch.setattr(quality, "plots", lambda *a, **k: None)
+    data = quality.bench_quality(tmp_path, quick=False, only={"length"})
+    n_rows = len(quality_rows.LENGTH_ROWS)
+    assert len(trained) == n_rows * (3 * len(quality_rows.LENGTHS) - 1) + 2
+    assert sorted(trained[-2:]) == [(f"SSN 4x at {longest} steps", 2), (f"none at {longest} steps", 2)]
+    assert not data["pending"] and not data["failed"]
+    line = next(ln for ln in data["lines"] if ln["row"] == f"MAPL 4x at {longest} steps")
+    assert line["seeds"] == [0, 1] and line["val_loss_gap"] == pytest.approx(0.02)
+    again = quality.bench_quality(tmp_path, quick=False, only={"length"}, report_only=True)
+    assert len(again["runs"]) == len(data["runs"]) == len(trained)
+
