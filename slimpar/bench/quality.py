@@ -10,7 +10,10 @@ The groups and their rows are in bench/quality_rows.py.
 
 Rows are resumable twice over: a finished row's ``summary.json`` is reused, and an interrupted run
 resumes from its last checkpoint (every 500 steps). The report, the JSON and the plots are rewritten
-after every finished run, so an interrupted benchmark still leaves a report of what finished.
+after every finished run, so an interrupted benchmark still leaves a report of what finished. Stop it with Ctrl-C
+(or ``kill -- -PGID``): its runs are child processes, and ``kill PID`` ends the benchmark alone, its runs training
+on; a benchmark restarted meanwhile then fails those rows with the run folder's lock message
+(train/run_lock.py) instead of training them twice.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from slimpar.bench.quality_report import aggregate, report_markdown, targets
 from slimpar.bench.quality_rows import ALIASES, CORE, GROUPS, OPT_IN, STEPS, SWEEPS, best_rates, quick_rows, rows
 from slimpar.bench.report import metadata, run_commits, write_json
 from slimpar.bench.runner import Row, run_row, select_rows
+from slimpar.train.run_lock import LOCK
 
 
 def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: int = 2,
@@ -157,7 +161,8 @@ def _reuse_sweep_runs(out: Path, todo: list[Row]) -> None:
         if "same_as" in r.tags and not (out / "runs" / r.key).exists():
             src = out / "runs" / r.tags["same_as"]
             if (src / "summary.json").exists():
-                shutil.copytree(src, out / "runs" / r.key, copy_function=os.link)
+                # hard links, not the lock: each folder keeps a lock of its own (train/run_lock.py)
+                shutil.copytree(src, out / "runs" / r.key, copy_function=os.link, ignore=shutil.ignore_patterns(LOCK))
 
 
 def _recorded_runs(out: Path) -> dict[tuple[str, str, int], dict]:

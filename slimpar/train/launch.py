@@ -25,6 +25,7 @@ from slimpar.config import Config, from_dict, to_dict, to_toml
 from slimpar.train import failure, local_rdzv
 from slimpar.train.elastic import MEMBERSHIP, restart_count
 from slimpar.train.init_from import INIT_FROM_RECORD, record_init_from
+from slimpar.train.run_lock import run_lock
 from slimpar.train.validate_limits import runs_in_process
 from slimpar.train.worker import worker_main
 
@@ -90,18 +91,16 @@ def launch(cfg: Config, out_dir: Path) -> None:
     from slimpar.train.memory_budget_record import write_record
 
     run, budget = resolve_memory_budget(cfg)  # ConfigError (exit 2) before anything is written
-    if under_torchrun():
-        if int(os.environ.get("RANK", "0")) == 0:
-            prepare_out_dir(cfg, out_dir)
-            write_record(out_dir, budget)
+    if under_torchrun() and int(os.environ.get("RANK", "0")) != 0:
         worker_main(to_dict(run), str(out_dir))
         return
-    prepare_out_dir(cfg, out_dir)
-    write_record(out_dir, budget)
-    if runs_in_process(run):
-        worker_main(to_dict(run), str(out_dir))
-        return
-    _elastic(run, out_dir)
+    with run_lock(out_dir):  # RunFolderInUse (exit 2) where another job writes the folder, before any write
+        prepare_out_dir(cfg, out_dir)
+        write_record(out_dir, budget)
+        if under_torchrun() or runs_in_process(run):
+            worker_main(to_dict(run), str(out_dir))
+            return
+        _elastic(run, out_dir)
 
 
 def _elastic(cfg: Config, out_dir: Path) -> None:
