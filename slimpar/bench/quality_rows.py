@@ -41,7 +41,7 @@ import math
 from pathlib import Path
 
 from slimpar.bench.mapl import ROWS as CODECS
-from slimpar.bench.quality_trends import WIDTHS, baseline_name, split_name, width_params
+from slimpar.bench.quality_trends import LENGTHS, WIDTHS, baseline_name, split_name, width_params
 from slimpar.bench.runner import Row
 
 CONFIG = "configs/llama_quality.toml"
@@ -137,9 +137,9 @@ UNSEEN = {
     "MAPL 4x (defaults before issue 20)": [*_UNSEEN, *_MAPL_BEFORE, *_MATCHED],
     "MAPL 4x (all changes + receiver anchors)": [*_UNSEEN, *_MAPL_BEST, *_MATCHED],
 }
-# issue 20, item 3: the gap against training length, each row at its tuned rate, 3 seeds (its 2,000 steps are the
-# tuned group's runs). 32,000 steps are 16.4M tokens: 16 tokens per parameter for the 4-block pipeline, 10 for SDP
-LENGTHS = (2000, 5000, 12500, 32000)
+# issue 20, item 3: the gap against training length (quality_trends.LENGTHS), each row at its tuned rate, 3 seeds (its
+# 2,000 steps are the tuned group's runs). 32,000 steps are 16.4M tokens: 16 tokens per parameter for the 4-block
+# pipeline, 10 for SDP
 LENGTH_ROWS = ("none", "int8", "SSN 4x", "MAPL 4x", "naive 4x", *SDP_TUNED)
 # at the longest length 2 seeds are enough where their spread is well below the gap (the issue's words): a third
 # runs where the two seeds' paired gaps spread by more than a quarter of their mean, in a phase after every row's

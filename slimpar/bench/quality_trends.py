@@ -32,6 +32,7 @@ TOKENS_PER_STEP = 8 * 64  # llama_quality.toml's batch
 
 
 WIDTHS = {"tiny": 64, "mini": 128, "small": 256}  # the width sweep's LLaMA sizes and their d
+LENGTHS = (2000, 5000, 12500, 32000)  # the length sweep's steps (bench/quality_rows.py)
 
 
 def width_params(size: str) -> int:
@@ -141,7 +142,9 @@ def markdown(results: list[dict], group: str) -> str:
             std = f" ± {100 * statistics.stdev(gaps):.2f}" if len(gaps) > 1 else ""
             cells.append(f"{100 * statistics.fmean(gaps):+.2f}%{std} ({len(gaps)})" if gaps else "–")
         f = fit(p)
-        cells += [f"{100 * f['b']:+.2f} ± {100 * f['b_se']:.2f} points" if f else "–", f["verdict"] if f else "–"]
+        have, planned = len({px for px, _ in p}), len(LENGTHS if group == "length" else WIDTHS)
+        verdict = "–" if not f else f["verdict"] if have >= planned else f"pending ({have} of {planned} points)"
+        cells += [f"{100 * f['b']:+.2f} ± {100 * f['b_se']:.2f} points" if f else "–", verdict]
         if extra:
             cells.append(_extrapolated(p))
         body.append(cells)

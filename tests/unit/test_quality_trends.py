@@ -143,7 +143,10 @@ def test_the_report_has_the_sweep_tables_and_the_length_targets(tmp_path):
     assert t["length sweep: MAPL 4x ahead of SSN 4x at every length"]["met"] is False  # lead 0.04 < spread
     meta = {"date": "d", "machine": "m", "cpus": 2, "git_commit": "c", "versions": {"torch": "2.13.0"}}
     md = quality_report.report_markdown(lines, meta, [], [], runs)
-    assert "Length sweep:" in md and "shrinks" in md
+    assert "Length sweep:" in md and "| shrinks |" in md
+    short = [r for r in runs if not r["row"].endswith(f" at {quality_rows.LENGTHS[-1]} steps")]
+    md = quality_report.report_markdown(quality_report.aggregate(short), meta, [], [], short)
+    assert "| shrinks |" not in md and "pending (3 of 4 points)" in md  # no verdict until every length has run
     quality_trends.plot(runs, "length", tmp_path)
     assert (tmp_path / "gap_vs_tokens.png").stat().st_size > 0
 
