@@ -36,11 +36,13 @@ def plots(results: list[dict], lines: list[dict], out: Path) -> None:
 
     plt = _plt()
     for group in dict.fromkeys(ln["group"] for ln in lines):
-        if group in TREND_GROUPS:  # dozens of (row, length) lines: the gap against tokens or parameters instead
-            quality_trends.plot(results, group, out)
-            continue
         runs = [r for r in results if r["group"] == group]
         names = list(dict.fromkeys(r["row"] for r in runs))
+        if group in TREND_GROUPS:  # dozens of (row, length) lines: the gap against tokens or parameters instead,
+            quality_trends.plot(results, group, out)  # and each point's gap during its training
+            _gap_curves(plt, runs, names, group, "val_loss", out / f"gap_vs_step_{group}.png",
+                        quality_trends.baseline_name)
+            continue
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
         key = "val_accuracy" if group == "resnet" else "val_loss"
         for i, name in enumerate(names):
@@ -69,33 +71,41 @@ def plots(results: list[dict], lines: list[dict], out: Path) -> None:
             plt.close(fig)
 
 
-def _gap_curves(plt, runs: list[dict], names: list[str], group: str, key: str, path: Path) -> None:
-    """Each row's validation gap to the baseline at every evaluation, paired by seed, mean over seeds:
-    does the gap close as training goes on? No plot for a group evaluated only at the end."""
-    base = {r["seed"]: _points(r, key) for r in runs if r["row"] == BASELINE.get(group)}
-    if not base:
-        return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    drawn = 0
-    for i, name in enumerate(names):
-        if name == BASELINE.get(group):
+def gaps_during_training(runs: list[dict], key: str, base_of) -> dict[str, tuple[list[int], list[float]]]:
+    """Row -> (steps, gap) for every row but the baselines: its validation gap to ``base_of(row)`` at every
+    evaluation both logged, paired by seed, mean over the seeds (rows with fewer than 2 such evaluations: none)."""
+    points = {(r["row"], r["seed"]): _points(r, key) for r in runs}
+    out = {}
+    for name in dict.fromkeys(r["row"] for r in runs):
+        if name == base_of(name):
             continue
         per_step: dict[int, list[float]] = {}
-        for r in (r for r in runs if r["row"] == name and r["seed"] in base):
+        for r in (r for r in runs if r["row"] == name and (base_of(name), r["seed"]) in points):
+            base = points[(base_of(name), r["seed"])]
             for step, v in _points(r, key).items():
-                if step in base[r["seed"]]:
-                    per_step.setdefault(step, []).append(v / base[r["seed"]][step] - 1)
-        steps = sorted(per_step)
-        if len(steps) < 2:
-            continue
-        drawn += 1
-        ax.plot(steps, [100 * statistics.fmean(per_step[s]) for s in steps], label=name, marker=".", lw=1,
-                **_style(plt, i))
-    if not drawn:
-        plt.close(fig)
+                if step in base:
+                    per_step.setdefault(step, []).append(v / base[step] - 1)
+        if len(per_step) >= 2:
+            steps = sorted(per_step)
+            out[name] = (steps, [statistics.fmean(per_step[k]) for k in steps])
+    return out
+
+
+def _gap_curves(plt, runs: list[dict], names: list[str], group: str, key: str, path: Path,
+                base_of=None) -> None:
+    """gaps_during_training's curves (``base_of``: each row's baseline, default the group's): does the gap close as
+    training goes on? No plot for a group evaluated only at the end."""
+    curves = gaps_during_training(runs, key, base_of or (lambda _: BASELINE.get(group)))
+    if not curves:
         return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, name in enumerate(names):
+        if name in curves:
+            steps, gaps = curves[name]
+            ax.plot(steps, [100 * g for g in gaps], label=name, marker=".", lw=1, **_style(plt, i))
     ax.axhline(0, color="black", lw=0.5)
-    ax.set(xlabel="step", ylabel=f"{key} gap vs {BASELINE.get(group)} (%)", title=f"{group}: gap during training")
+    ax.set(xlabel="step", ylabel=f"{key} gap vs {BASELINE.get(group, 'baseline')} (%)",
+           title=f"{group}: gap during training")
     ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

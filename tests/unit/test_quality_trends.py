@@ -173,3 +173,26 @@ def test_the_width_extrapolation_is_a_power_law_fitted_in_log_space():
     assert (low, high) == (pytest.approx(math.exp(centre - half)), pytest.approx(math.exp(centre + half)))
     assert 0 < low < mid < high
     assert quality_trends.power_law(noisy[:2], x0) is None
+
+
+def test_the_gap_during_training_pairs_each_width_with_its_own_baseline(tmp_path):
+    """By hand: at d 64 the gap is 10% then 5%, at d 128 4% then 2% (each against none at its own width, seed by
+    seed); the baselines get no curve of their own."""
+    from slimpar.bench.quality_plots import gaps_during_training, plots
+
+    def run(row, seed, vals):
+        r = _run("width", row, seed, vals[-1])
+        r["curve"] = [{"step": 250 * (i + 1), "val_loss": v, "loss": v} for i, v in enumerate(vals)]
+        r["summary"]["steps"] = 250 * len(vals)
+        return r
+
+    runs = [run(f"none at d {d}", s, [b * (1 + s), b * (1 + s) / 2])
+            for d, b in ((64, 5.0), (128, 4.0)) for s in (0, 1)]
+    runs += [run("SSN 4x at d 64", s, [5.5 * (1 + s), 5.25 * (1 + s) / 2]) for s in (0, 1)]
+    runs += [run("SSN 4x at d 128", s, [4.16 * (1 + s), 4.08 * (1 + s) / 2]) for s in (0, 1)]
+    got = gaps_during_training(runs, "val_loss", quality_trends.baseline_name)
+    assert set(got) == {"SSN 4x at d 64", "SSN 4x at d 128"}
+    assert got["SSN 4x at d 64"][0] == [250, 500] and got["SSN 4x at d 64"][1] == pytest.approx([0.10, 0.05])
+    assert got["SSN 4x at d 128"][1] == pytest.approx([0.04, 0.02])
+    plots(runs, quality_report.aggregate(runs), tmp_path)
+    assert (tmp_path / "gap_vs_step_width.png").read_bytes()[:4] == b"\x89PNG"
