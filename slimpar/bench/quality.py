@@ -8,12 +8,15 @@ processes); this benchmark measures loss only.
 
 The groups and their rows are in bench/quality_rows.py.
 
-Rows are resumable twice over: a finished row's ``summary.json`` is reused, and an interrupted run
-resumes from its last checkpoint (every 500 steps). The report, the JSON and the plots are rewritten
-after every finished run, so an interrupted benchmark still leaves a report of what finished. Stop it with Ctrl-C
-(or ``kill -- -PGID``): its runs are child processes, and ``kill PID`` ends the benchmark alone, its runs training
-on; a benchmark restarted meanwhile then fails those rows with the run folder's lock message
-(train/run_lock.py) instead of training them twice.
+Rows are resumable three times over: a finished row's ``summary.json`` is reused; a run the ``results.json`` under
+``--out`` recorded is reused where its folder is gone and its command is the same (commit that file, copy it into a
+new machine's ``--out``, and the benchmark goes on from there: run folders are not committed); and an interrupted
+run resumes from its last checkpoint (every 500 steps). ``results.json`` keeps every run it recorded: one call with
+``--rows X`` replaces X's runs and keeps the others, so the report covers every finished run. The report, the JSON
+and the plots are rewritten after every finished run, so an interrupted benchmark still leaves a report of what
+finished. Stop it with Ctrl-C (or ``kill -- -PGID``): its runs are child processes, and ``kill PID`` ends the
+benchmark alone, its runs training on; a benchmark restarted meanwhile then fails those rows with the run folder's
+lock message (train/run_lock.py) instead of training them twice.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from slimpar.bench.quality_plots import plots
 from slimpar.bench.quality_report import aggregate, report_markdown, targets
 from slimpar.bench.quality_rows import ALIASES, CORE, GROUPS, OPT_IN, STEPS, SWEEPS, best_rates, quick_rows, rows
 from slimpar.bench.report import metadata, run_commits, write_json
-from slimpar.bench.runner import Row, run_row, select_rows
+from slimpar.bench.runner import Row, row_command, run_row, select_rows
 from slimpar.train.run_lock import LOCK
 
 
@@ -41,6 +44,7 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
 
     ``report_only`` trains nothing: the report covers the finished runs (their folders, or where a folder is
     gone, the run as the committed results.json recorded it) and lists the others as not run."""
+    recorded = _recorded_runs(out)
     only = _expand(only) or (None if quick else set(CORE))
     opt_in = tuple(g for g in OPT_IN if any(o == g or o.startswith(f"{g}/") for o in only or ()))
     _check_sweeps(out, opt_in)
@@ -56,19 +60,16 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     if report_only:
         for phase in phases:
             todo += _new(todo, _tuned_rows(out, steps, tuple(g for g in phase if _swept(out, g)), later_only))
-        recorded = _recorded_runs(out)
-        results = {r.key: run_row(r, out) if (out / "runs" / r.key / "summary.json").exists()
-                   else recorded[(r.group, r.name, r.seed)] for r in todo
-                   if (out / "runs" / r.key / "summary.json").exists() or (r.group, r.name, r.seed) in recorded}
-        return _write(out, todo, results, failed, meta)
-    _run(out, todo, todo, results, failed, meta, jobs)
+        results = {r.key: done for r in todo if (done := _finished(r, out, recorded, same_command=False))}
+        return _write(out, todo, results, failed, meta, recorded)
+    _run(out, todo, todo, results, failed, meta, jobs, recorded)
     for phase in (p for p in phases if p):  # the sweeps have finished: each row's rate is known now
         _check_sweeps(out, phase, ran=True)
         later = _new(todo, _tuned_rows(out, steps, phase, later_only))
         _reuse_sweep_runs(out, later)
         todo += later
-        _run(out, later, todo, results, failed, meta, jobs)
-    data = _write(out, todo, results, failed, meta)
+        _run(out, later, todo, results, failed, meta, jobs, recorded)
+    data = _write(out, todo, results, failed, meta, recorded)
     if failed:
         raise RuntimeError(f"{len(failed)} benchmark runs failed: {'; '.join(failed)}")
     return data
@@ -131,13 +132,14 @@ def _tuned_rows(out: Path, steps: int, tuned: tuple[str, ...], only: set[str]) -
 
 
 def _run(out: Path, batch: list[Row], todo: list[Row], results: dict, failed: list[str], meta: dict,
-         jobs: int) -> None:
-    """Run ``batch``'s rows ``jobs`` at a time, rewriting the report of all of ``todo`` after each."""
+         jobs: int, recorded: dict[str, dict]) -> None:
+    """Run ``batch``'s rows ``jobs`` at a time (those not finished already: _finished), rewriting the report of all
+    of ``todo`` after each."""
     lock = threading.Lock()
 
     def one(row: Row) -> None:
         try:
-            result = run_row(row, out, timeout=4 * 3600)
+            result = _finished(row, out, recorded, same_command=True) or run_row(row, out, timeout=4 * 3600)
         except Exception as e:  # noqa: BLE001 - a failed run is reported, the others go on
             with lock:
                 failed.append(f"{row.key} ({str(e).splitlines()[0]})")
@@ -145,7 +147,7 @@ def _run(out: Path, batch: list[Row], todo: list[Row], results: dict, failed: li
             with lock:
                 results[row.key] = result
         with lock:
-            _write(out, todo, results, failed, meta)
+            _write(out, todo, results, failed, meta, recorded)
 
     from rich.progress import Progress
 
@@ -165,15 +167,35 @@ def _reuse_sweep_runs(out: Path, todo: list[Row]) -> None:
                 shutil.copytree(src, out / "runs" / r.key, copy_function=os.link, ignore=shutil.ignore_patterns(LOCK))
 
 
-def _recorded_runs(out: Path) -> dict[tuple[str, str, int], dict]:
-    """The runs a committed results.json holds, by (group, row, seed): run folders are not committed."""
+def _recorded_runs(out: Path) -> dict[str, dict]:
+    """The runs the results.json under ``out`` holds, by run key."""
     path = out / "results.json"
     runs = json.loads(path.read_text()).get("runs", []) if path.exists() else []
-    return {(r["group"], r["row"], r["seed"]): r for r in runs}
+    return {Row(r["row"], "", group=r["group"], seed=r["seed"], timing_round=r.get("timing_round", 0)).key: r
+            for r in runs}
 
 
-def _write(out: Path, todo: list[Row], results: dict[str, dict], failed: list[str], meta: dict) -> dict:
-    done = [results[r.key] for r in todo if r.key in results]
+def _finished(row: Row, out: Path, recorded: dict[str, dict], same_command: bool) -> dict | None:
+    """``row``'s finished run: from its folder; where that is gone, as results.json recorded it, or the earlier
+    group's run it repeats (``tags["same_as"]``); ``same_command``: only a record of ``row``'s own command (before
+    training: a row whose command changed trains anew). None: not finished."""
+    if (out / "runs" / row.key / "summary.json").exists():
+        return run_row(row, out)
+    if (mine := recorded.get(row.key)) and (not same_command or mine["command"] == row_command(row)):
+        return mine
+    same = recorded.get(row.tags.get("same_as", ""))
+    if same and (not same_command or same["command"] == row_command(row)):
+        return {**same, "row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags,
+                "command": row_command(row)}
+    return None
+
+
+def _write(out: Path, todo: list[Row], results: dict[str, dict], failed: list[str], meta: dict,
+           recorded: dict[str, dict]) -> dict:
+    """Rewrite results.json, report.md and the plots: ``todo``'s finished runs and every recorded run outside
+    ``todo`` (kept, so that one group's call loses no other group's record)."""
+    mine = {r.key for r in todo}
+    done = [r for k, r in recorded.items() if k not in mine] + [results[r.key] for r in todo if r.key in results]
     meta["run_commits"] = run_commits(done)
     lines = aggregate(done)
     failed_keys = {f.split(" ")[0] for f in failed}

@@ -168,17 +168,29 @@ def sweep_name(row: str, lr: str) -> str:
 
 def best_rates(out: Path, sweep: str = "lr-sweep") -> dict[str, str]:
     """Each row of ``sweep``'s learning rate with the lowest final validation loss (Shakespeare) in the sweep's
-    finished runs under ``out``; a row enters once every rate of its sweep (``SWEEP_RATES``) has finished."""
+    finished runs under ``out`` (recorded_losses); a row enters once every rate of its sweep (``SWEEP_RATES``) has
+    finished."""
+    got = recorded_losses(out, sweep, [Row(sweep_name(n, lr), CONFIG, group=sweep) for n in SWEEPS[sweep][1]
+                                       for lr in SWEEP_RATES[sweep]])
     best = {}
     for name in SWEEPS[sweep][1]:
-        losses = {}
-        for lr in SWEEP_RATES[sweep]:
-            path = out / "runs" / Row(sweep_name(name, lr), CONFIG, group=sweep).key / "summary.json"
-            if path.exists():
-                losses[lr] = json.loads(path.read_text())["val_loss"]
+        losses = {lr: got[(sweep_name(name, lr), 0)] for lr in SWEEP_RATES[sweep] if (sweep_name(name, lr), 0) in got}
         if len(losses) == len(SWEEP_RATES[sweep]):
             best[name] = min(losses, key=losses.get)
     return best
+
+
+def recorded_losses(out: Path, group: str, runs: list[Row]) -> dict[tuple[str, int], float]:
+    """(row, seed) -> final val loss of ``group``'s finished runs under ``out``: those the results.json there
+    recorded (a new machine starts from that record alone: run folders are not committed), and ``runs`` whose
+    folders hold a summary."""
+    path = out / "results.json"
+    recorded = json.loads(path.read_text()).get("runs", []) if path.exists() else []
+    got = {(r["row"], r["seed"]): r["summary"].get("val_loss") for r in recorded if r["group"] == group}
+    for row in runs:
+        if (summary := out / "runs" / row.key / "summary.json").exists():
+            got[(row.name, row.seed)] = json.loads(summary.read_text()).get("val_loss")
+    return {k: v for k, v in got.items() if v is not None}
 
 
 def rows(steps: int = STEPS, seeds: tuple[int, ...] = SEEDS, groups: tuple[str, ...] = GROUPS,
@@ -263,18 +275,12 @@ def _rate_rows(steps: int, seeds: tuple[int, ...], groups: tuple[str, ...], swee
 
 
 def longest_losses(out: Path) -> dict[tuple[str, int], float]:
-    """(row, seed) -> final val loss of the length sweep's finished runs at the longest length, from their folders
-    under ``out`` or, where a folder is gone, from the results.json there."""
-    path = out / "results.json"
-    runs = json.loads(path.read_text()).get("runs", []) if path.exists() else []
-    got = {(r["row"], r["seed"]): r["summary"].get("val_loss") for r in runs if r["group"] == "length"}
-    for name in LENGTH_ROWS:
-        for seed in SEEDS:
-            row = Row(f"{name} at {LENGTHS[-1]} steps", CONFIG, group="length", seed=seed)
-            if (summary := out / "runs" / row.key / "summary.json").exists():
-                got[(row.name, seed)] = json.loads(summary.read_text()).get("val_loss")
-    return {(split_name(row)[0], seed): v for (row, seed), v in got.items()
-            if v is not None and split_name(row)[1] == f"{LENGTHS[-1]} steps"}
+    """(row, seed) -> final val loss of the length sweep's finished runs at the longest length under ``out``
+    (recorded_losses)."""
+    at = f"{LENGTHS[-1]} steps"
+    got = recorded_losses(out, "length", [Row(f"{n} at {at}", CONFIG, group="length", seed=s)
+                                          for n in LENGTH_ROWS for s in SEEDS])
+    return {(split_name(row)[0], seed): v for (row, seed), v in got.items() if split_name(row)[1] == at}
 
 
 def third_seed(losses: dict[tuple[str, int], float], name: str) -> bool:

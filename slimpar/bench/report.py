@@ -51,7 +51,11 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str))
+    """Write ``data`` whole or not at all: a benchmark killed mid-write keeps the file it had (a quality
+    results.json is the only record of runs whose folders are gone)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
 
 
 def run_commits(runs: list[dict]) -> list[str]:

@@ -60,13 +60,15 @@ def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
     wall = out / "wall_seconds.txt"  # absent for a reused run timed by nothing, or a resumed one
     load = out / "load_1m.txt"
     curve = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags, "command": _command(row),
+    return {"row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags, "command": row_command(row),
             "summary": {k: v for k, v in summary.items() if k != "config"}, "curve": curve,
             "wall_s": float(wall.read_text()) if wall.exists() else None,
             "load_1m": float(load.read_text()) if load.exists() else None, "timing_round": row.timing_round}
 
 
-def _command(row: Row) -> str:
+def row_command(row: Row) -> str:
+    """The command line a user types to run ``row`` (recorded with its run; a recorded run is reused only for the
+    same command)."""
     env = [f"{k}={v}" for k, v in row.env.items()]
     return " ".join([*env, "slimpar train --config", row.config, "--train.seed", str(row.seed), *row.overrides])
 

@@ -256,11 +256,11 @@ def test_the_gap_on_each_half_is_paired_like_the_gap():
     assert line["val_loss_gap_halves"] == pytest.approx([0.01, 0.0])  # (0.02 + 0) / 2 on the first half
 
 
-def test_a_sweep_and_its_tuned_group_run_in_one_call_the_tuned_after(tmp_path, monkeypatch):
-    """``--rows lr-sweep,tuned``: every sweep run first, then 3 seeds per row at its best rate, seed 0 reused."""
+def _sweep_runner(trained: list):
+    """A stand-in for runner.run_row whose best rate is 1e-3 for every row; it lists the runs it trains."""
     import json
 
-    trained = []
+    from slimpar.bench.runner import row_command
 
     def fake_run_row(row, root, timeout=0):
         folder = root / "runs" / row.key
@@ -268,13 +268,19 @@ def test_a_sweep_and_its_tuned_group_run_in_one_call_the_tuned_after(tmp_path, m
             trained.append((row.group, row.name, row.seed))
             folder.mkdir(parents=True)
             lr = float(row.overrides[row.overrides.index("--train.lr") + 1])
-            val = 3.5 + abs(lr - 1e-3) * 100 + row.seed * 0.01  # the best rate is 1e-3 for every row
+            val = 3.5 + abs(lr - 1e-3) * 100 + row.seed * 0.01
             (folder / "summary.json").write_text(json.dumps({"val_loss": val, "steps": 2000}))
         summary = json.loads((folder / "summary.json").read_text())
-        return {"row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags, "command": "cmd",
+        return {"row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags, "command": row_command(row),
                 "summary": summary, "curve": [], "wall_s": None}
 
-    monkeypatch.setattr(quality, "run_row", fake_run_row)
+    return fake_run_row
+
+
+def test_a_sweep_and_its_tuned_group_run_in_one_call_the_tuned_after(tmp_path, monkeypatch):
+    """``--rows lr-sweep,tuned``: every sweep run first, then 3 seeds per row at its best rate, seed 0 reused."""
+    trained = []
+    monkeypatch.setattr(quality, "run_row", _sweep_runner(trained))
     monkeypatch.setattr(quality, "plots", lambda *a, **k: None)
     data = quality.bench_quality(tmp_path, quick=False, only={"lr-sweep", "tuned"})
     n_sweep = len(quality_rows.TUNED) * len(quality_rows.LRS)
@@ -335,3 +341,32 @@ def test_the_length_sweeps_third_seeds_run_last_and_only_where_needed(tmp_path, 
     again = quality.bench_quality(tmp_path, quick=False, only={"length"}, report_only=True)
     assert len(again["runs"]) == len(data["runs"]) == len(trained)
 
+
+
+def test_a_new_machine_goes_on_from_the_recorded_results_json(tmp_path, monkeypatch):
+    """Run folders are not committed: a results.json copied into an empty --out is the record. Its runs are not
+    trained again where their command is the same (a tuned seed 0 whose record is gone reuses the sweep run it
+    repeats), a run whose command changed trains anew, and a call for one group keeps the other groups' records."""
+    import json
+
+    trained = []
+    monkeypatch.setattr(quality, "run_row", _sweep_runner(trained))
+    monkeypatch.setattr(quality, "plots", lambda *a, **k: None)
+    first = quality.bench_quality(tmp_path / "a", quick=False, only={"lr-sweep", "tuned"})
+    (tmp_path / "b").mkdir()
+    record = json.loads((tmp_path / "a" / "results.json").read_text())
+    record["runs"] = [r for r in record["runs"] if not (r["group"] == "tuned" and r["seed"] == 0)]
+    changed = next(r for r in record["runs"] if r["group"] == "tuned" and r["row"] == "none" and r["seed"] == 1)
+    changed["command"] += " --train.steps 10"
+    (tmp_path / "b" / "results.json").write_text(json.dumps(record))
+    trained.clear()
+    again = quality.bench_quality(tmp_path / "b", quick=False, only={"tuned"})
+    assert trained == [("tuned", "none", 1)]
+    assert not (tmp_path / "b" / "runs" / "tuned-none-s0").exists()  # seed 0 came from the record
+    assert quality_rows.best_rates(tmp_path / "b") == quality_rows.best_rates(tmp_path / "a")
+    key = {(r["group"], r["row"], r["seed"]) for r in first["runs"]}
+    assert {(r["group"], r["row"], r["seed"]) for r in again["runs"]} == key  # the sweep's records kept
+    s0 = next(r for r in again["runs"] if r["group"] == "tuned" and r["row"] == "SSN 4x" and r["seed"] == 0)
+    sweep = next(r for r in first["runs"] if r["row"] == quality_rows.sweep_name("SSN 4x", s0["tags"]["lr"]))
+    assert s0["summary"] == sweep["summary"] and s0["tags"]["lr"] == "1e-3"
+    assert again["lines"] == first["lines"] and not again["pending"]
