@@ -110,23 +110,19 @@ def _ahead(lines: list[dict], group: str, mine: str, other: str, by_spread: bool
     return {"lead": lead, "spread": spread, "met": lead > spread if by_spread else lead >= 0}
 
 
-def _lengths(lines: list[dict]) -> list[int]:
-    return sorted({int(ln["row"].rpartition(" at ")[2].split()[0]) for ln in lines if ln["group"] == "length"})
-
-
 def _every_length(lines: list[dict], at) -> dict | None:
     """A target at every length of the length sweep: the worst length's numbers, met only if every length is
-    (None until every length has run)."""
-    got = [at(k) for k in _lengths(lines)]
-    if not got or None in got:
+    (None until every length of ``LENGTHS`` has run: a target on some lengths is not the issue's target)."""
+    got = [at(k) for k in quality_trends.LENGTHS]
+    if None in got:
         return None
     worst = min(got, key=lambda v: v["lead"] - v["spread"] if "lead" in v else -v["gap"])
     return {**worst, "met": all(v["met"] for v in got), "within_std": all(v.get("within_std", v["met"]) for v in got)}
 
 
-def _longest(lines: list[dict], at) -> dict | None:
-    ks = _lengths(lines)
-    return at(ks[-1]) if ks else None
+def _longest(at) -> dict | None:
+    """A target at the sweep's longest length (None until it has run: a shorter length does not stand in)."""
+    return at(quality_trends.LENGTHS[-1])
 
 
 def targets(lines: list[dict]) -> dict[str, dict | None]:
@@ -166,11 +162,11 @@ def targets(lines: list[dict]) -> dict[str, dict | None]:
         "length sweep: MAPL 4x ahead of SSN 4x at every length": _every_length(
             lines, lambda k: _ahead(lines, "length", f"MAPL 4x at {k} steps", f"SSN 4x at {k} steps")),
         "length sweep: MAPL 4x within 1% of none at the longest length": _longest(
-            lines, lambda k: _within(_line(lines, "length", f"MAPL 4x at {k} steps"), 0.01)),
+            lambda k: _within(_line(lines, "length", f"MAPL 4x at {k} steps"), 0.01)),
         "length sweep: B-SDP 0.5 FLOP-matched at or below DDP at every length": _every_length(
             lines, lambda k: _within(_line(lines, "length", f"B-SDP 0.5 FLOP-matched at {k} steps"), 0.0)),
         "length sweep: Bb-SDP 3/8 within 2% of DDP at the longest length": _longest(
-            lines, lambda k: _within(_line(lines, "length", f"Bb-SDP 3/8 at {k} steps"), 0.02)),
+            lambda k: _within(_line(lines, "length", f"Bb-SDP 3/8 at {k} steps"), 0.02)),
         "unseen config, matched bytes: MAPL 4x (all changes + receiver anchors) at or below SSN 4x":
             _ahead(lines, "unseen-config", "MAPL 4x (all changes + receiver anchors)", "SSN 4x", by_spread=False),
     }
