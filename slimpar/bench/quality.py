@@ -75,6 +75,8 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     return data
 
 
+CURVE_POINTS = 256  # training-loss points a run's curve keeps in results.json (thin)
+
 # the groups that run at the sweeps' rates, in phases after the sweeps: the tuned groups, then the length and
 # width sweeps (whose shortest or d = 128 runs are the tuned groups' runs), then the third seeds at the longest
 # length that the first two leave unresolved (quality_rows.third_seed)
@@ -139,7 +141,7 @@ def _run(out: Path, batch: list[Row], todo: list[Row], results: dict, failed: li
 
     def one(row: Row) -> None:
         try:
-            result = _finished(row, out, recorded, same_command=True) or run_row(row, out, timeout=4 * 3600)
+            result = _finished(row, out, recorded, same_command=True) or thin(run_row(row, out, timeout=4 * 3600))
         except Exception as e:  # noqa: BLE001 - a failed run is reported, the others go on
             with lock:
                 failed.append(f"{row.key} ({str(e).splitlines()[0]})")
@@ -180,7 +182,7 @@ def _finished(row: Row, out: Path, recorded: dict[str, dict], same_command: bool
     group's run it repeats (``tags["same_as"]``); ``same_command``: only a record of ``row``'s own command (before
     training: a row whose command changed trains anew). None: not finished."""
     if (out / "runs" / row.key / "summary.json").exists():
-        return run_row(row, out)
+        return thin(run_row(row, out))
     if (mine := recorded.get(row.key)) and (not same_command or mine["command"] == row_command(row)):
         return mine
     same = recorded.get(row.tags.get("same_as", ""))
@@ -188,6 +190,19 @@ def _finished(row: Row, out: Path, recorded: dict[str, dict], same_command: bool
         return {**same, "row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags,
                 "command": row_command(row)}
     return None
+
+
+def thin(run: dict, most: int = CURVE_POINTS) -> dict:
+    """``run`` with at most ``most`` training-loss points in its curve, evenly strided, plus every evaluation and
+    the last point: results.json is committed, and a 32,000-step run logs 1,280 points. The report reads the same
+    thinned curve from a folder or from the record."""
+    curve = run["curve"]
+    stride = -(-len(curve) // most)
+    if stride <= 1:
+        return run
+    kept = [c for i, c in enumerate(curve) if i % stride == stride - 1 or i == len(curve) - 1
+            or any(k.startswith("val_") for k in c)]
+    return {**run, "curve": kept}
 
 
 def _write(out: Path, todo: list[Row], results: dict[str, dict], failed: list[str], meta: dict,

@@ -370,3 +370,16 @@ def test_a_new_machine_goes_on_from_the_recorded_results_json(tmp_path, monkeypa
     sweep = next(r for r in first["runs"] if r["row"] == quality_rows.sweep_name("SSN 4x", s0["tags"]["lr"]))
     assert s0["summary"] == sweep["summary"] and s0["tags"]["lr"] == "1e-3"
     assert again["lines"] == first["lines"] and not again["pending"]
+
+
+def test_a_long_run_s_curve_is_thinned_keeping_every_evaluation():
+    """A 32,000-step run logs 1,280 points every 25 steps, an evaluation every 250: results.json keeps 256
+    evenly strided training points, every evaluation and the last point; a 250-point curve is left whole."""
+    curve = [{"step": 25 * (i + 1), "loss": 4.0 - i / 1e3} for i in range(1280)]
+    for c in curve[9::10]:
+        c["val_loss"] = c["loss"] + 0.1
+    got = quality.thin({"curve": curve})["curve"]
+    assert [c["step"] for c in got if "val_loss" in c] == list(range(250, 32001, 250))
+    assert [c["step"] for c in got] == list(range(125, 32001, 125)) and got[-1] is curve[-1]
+    short = {"curve": curve[:250]}
+    assert quality.thin(short) is short
