@@ -22,12 +22,12 @@ def test_rounds_rotate_the_order_and_only_shorten_the_runs():
 
 
 def test_a_row_sets_its_own_timing_length_and_environment():
-    from slimpar.bench.runner import _command
+    from slimpar.bench.runner import row_command
 
     row = Row("V", "c.toml", ["--train.steps", "40"], "g", timing_steps=40, env={"OMP_NUM_THREADS": "1"})
     (timed,) = timing_rows([row], 1)
     assert timed.overrides[2:4] == ["--train.steps", "40"] and timed.env == {"OMP_NUM_THREADS": "1"}
-    assert _command(timed).startswith("OMP_NUM_THREADS=1 slimpar train --config c.toml")
+    assert row_command(timed).startswith("OMP_NUM_THREADS=1 slimpar train --config c.toml")
 
 
 def test_ratios_are_taken_within_a_round():
