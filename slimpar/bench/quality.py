@@ -21,7 +21,6 @@ lock message (train/run_lock.py) instead of training them twice.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
@@ -30,7 +29,18 @@ from pathlib import Path
 
 from slimpar.bench.quality_plots import plots
 from slimpar.bench.quality_report import aggregate, report_markdown, targets
-from slimpar.bench.quality_rows import ALIASES, CORE, GROUPS, OPT_IN, STEPS, SWEEPS, best_rates, quick_rows, rows
+from slimpar.bench.quality_rows import (
+    ALIASES,
+    CORE,
+    GROUPS,
+    OPT_IN,
+    STEPS,
+    SWEEPS,
+    best_rates,
+    quick_rows,
+    recorded_runs,
+    rows,
+)
 from slimpar.bench.report import metadata, run_commits, write_json
 from slimpar.bench.runner import Row, row_command, run_row, select_rows
 from slimpar.train.run_lock import LOCK
@@ -171,10 +181,8 @@ def _reuse_sweep_runs(out: Path, todo: list[Row]) -> None:
 
 def _recorded_runs(out: Path) -> dict[str, dict]:
     """The runs the results.json under ``out`` holds, by run key."""
-    path = out / "results.json"
-    runs = json.loads(path.read_text()).get("runs", []) if path.exists() else []
     return {Row(r["row"], "", group=r["group"], seed=r["seed"], timing_round=r.get("timing_round", 0)).key: r
-            for r in runs}
+            for r in recorded_runs(out)}
 
 
 def _finished(row: Row, out: Path, recorded: dict[str, dict], same_command: bool) -> dict | None:

@@ -180,13 +180,17 @@ def best_rates(out: Path, sweep: str = "lr-sweep") -> dict[str, str]:
     return best
 
 
+def recorded_runs(out: Path) -> list[dict]:
+    """The runs the results.json under ``out`` records (none without one)."""
+    path = out / "results.json"
+    return json.loads(path.read_text()).get("runs", []) if path.exists() else []
+
+
 def recorded_losses(out: Path, group: str, runs: list[Row]) -> dict[tuple[str, int], float]:
     """(row, seed) -> final val loss of ``group``'s finished runs under ``out``: those the results.json there
     recorded (a new machine starts from that record alone: run folders are not committed), and ``runs`` whose
     folders hold a summary."""
-    path = out / "results.json"
-    recorded = json.loads(path.read_text()).get("runs", []) if path.exists() else []
-    got = {(r["row"], r["seed"]): r["summary"].get("val_loss") for r in recorded if r["group"] == group}
+    got = {(r["row"], r["seed"]): r["summary"].get("val_loss") for r in recorded_runs(out) if r["group"] == group}
     for row in runs:
         if (summary := out / "runs" / row.key / "summary.json").exists():
             got[(row.name, row.seed)] = json.loads(summary.read_text()).get("val_loss")

@@ -342,7 +342,6 @@ def test_the_length_sweeps_third_seeds_run_last_and_only_where_needed(tmp_path, 
     assert len(again["runs"]) == len(data["runs"]) == len(trained)
 
 
-
 def test_a_new_machine_goes_on_from_the_recorded_results_json(tmp_path, monkeypatch):
     """Run folders are not committed: a results.json copied into an empty --out is the record. Its runs are not
     trained again where their command is the same (a tuned seed 0 whose record is gone reuses the sweep run it
