@@ -9,6 +9,13 @@ from pathlib import Path
 
 
 def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
+    from slimpar.bench.runner import stop_jobs_with_me
+
+    with stop_jobs_with_me():
+        return _bench(args, rest)
+
+
+def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     from slimpar.config import ConfigError
 
     if rest:

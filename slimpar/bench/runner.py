@@ -2,16 +2,21 @@
 
 Each row is a fresh ``python -m slimpar train`` process tree (the same path a user runs), so rows
 cannot leak state into each other. A row whose ``summary.json`` already exists is reused, which makes
-an interrupted benchmark resumable.
+an interrupted benchmark resumable. A benchmark stopped on its own (``kill PID``) stops its jobs too
+(:func:`stop_jobs_with_me`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +52,7 @@ def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
         resumed = (out / "checkpoints").exists()  # an interrupted run resumes; its time is partial
         load_before = os.getloadavg()[0]  # how busy the machine was at the start
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, PYTHONWARNINGS="ignore", **row.env))
+        proc = _run_job(cmd, timeout, env=dict(os.environ, PYTHONWARNINGS="ignore", **row.env))
         if proc.returncode != 0:
             out.mkdir(parents=True, exist_ok=True)
             (out / "failed.log").write_text(proc.stdout[-20000:] + "\n" + proc.stderr[-20000:])
@@ -64,6 +68,68 @@ def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
             "summary": {k: v for k, v in summary.items() if k != "config"}, "curve": curve,
             "wall_s": float(wall.read_text()) if wall.exists() else None,
             "load_1m": float(load.read_text()) if load.exists() else None, "timing_round": row.timing_round}
+
+
+class Stopped(BaseException):
+    """The benchmark was told to stop while this job ran: not a failure of its row (nothing is recorded; the run
+    resumes from its checkpoints on the next call). A BaseException, so that ``except Exception`` passes it on."""
+
+
+_LIVE: set[subprocess.Popen] = set()  # the jobs this process waits for, which stop_jobs_with_me stops with it
+_LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
+def _run_job(cmd: list[str], timeout: float, env: dict) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)``, with the job registered while it runs so that a
+    stop sent to the benchmark reaches it (rows run in threads, and a signal reaches only the main one)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        with _LIVE_LOCK:
+            _LIVE.add(proc)
+            if _STOPPING.is_set():  # started as the stop came
+                proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except BaseException:  # the timeout, or this thread going down
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
+    if _STOPPING.is_set():
+        raise Stopped(" ".join(cmd))
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+@contextlib.contextmanager
+def stop_jobs_with_me() -> Iterator[None]:
+    """While the block runs, SIGTERM or SIGHUP sent to the benchmark alone (``kill PID``, a closed terminal) stops
+    its running ``slimpar train`` jobs too, with SIGTERM, and the benchmark exits 128 + the signal. Without it the
+    jobs trained on, orphaned, holding their run folders' locks, so that a restarted benchmark failed on them.
+    (Ctrl-C and ``kill -- -PGID`` reach the jobs already: they share the benchmark's process group.) Only the
+    main thread may install signal handlers; elsewhere the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        with _LIVE_LOCK:
+            _STOPPING.set()
+            jobs = list(_LIVE)
+            for job in jobs:
+                job.terminate()
+        print(f"\nslimpar bench: stopped by {signal.Signals(signum).name}; stopped its {len(jobs)} running train "
+              f"job(s) too. The same command resumes them from their checkpoints.", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    _STOPPING.clear()
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def row_command(row: Row) -> str:

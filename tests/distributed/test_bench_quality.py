@@ -45,9 +45,15 @@ def test_quick_quality_benchmark_and_its_reuse(tmp_path):
     assert again.returncode == 0, again.stderr[-4000:]
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert json.loads((out / "results.json").read_text())["lines"] == data["lines"]
-    # --report-only trains nothing and reports what finished; a run whose summary is gone is listed as not run
+    # --report-only trains nothing and reports what finished: a run whose folder lost its summary is reported as
+    # results.json recorded it; a run neither folder nor record holds is listed as not run
     gone = out / "runs" / "sdp-B-SDP_0.5-s1" / "summary.json"
     gone.unlink()
+    assert main(["bench", "quality", "--quick", "--report-only", "--out", str(out)]) == 0
+    kept = json.loads((out / "results.json").read_text())
+    assert kept["pending"] == [] and kept["lines"] == data["lines"] and not gone.exists()
+    kept["runs"] = [r for r in kept["runs"] if (r["group"], r["row"], r["seed"]) != ("sdp", "B-SDP 0.5", 1)]
+    (out / "results.json").write_text(json.dumps(kept))
     assert main(["bench", "quality", "--quick", "--report-only", "--out", str(out)]) == 0
     partial = json.loads((out / "results.json").read_text())
     assert partial["pending"] == ["sdp-B-SDP_0.5-s1"] and not gone.exists()

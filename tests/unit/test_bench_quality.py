@@ -291,6 +291,20 @@ def test_a_sweep_and_its_tuned_group_run_in_one_call_the_tuned_after(tmp_path, m
     assert not data["pending"] and not data["failed"]
 
 
+def test_a_resumed_call_writes_the_report_once_per_phase_not_once_per_finished_run(tmp_path, monkeypatch):
+    """Rewriting results.json and the plots after every finished run kept a resumed sweep from starting."""
+    trained, writes = [], []
+    monkeypatch.setattr(quality, "run_row", _sweep_runner(trained))
+    monkeypatch.setattr(quality, "plots", lambda *a, **k: None)
+    first = quality.bench_quality(tmp_path, quick=False, only={"lr-sweep", "tuned"})
+    write = quality._write
+    monkeypatch.setattr(quality, "_write", lambda *a: (writes.append(1), write(*a))[1])
+    trained.clear()
+    again = quality.bench_quality(tmp_path, quick=False, only={"lr-sweep", "tuned"})
+    assert not trained and len(writes) == 3  # the sweep's phase, the tuned phase, the end
+    assert again["lines"] == first["lines"] and len(again["runs"]) == len(first["runs"])
+
+
 def test_the_default_set_is_the_core_set_and_one_rate_names_issue_10s_groups(tmp_path, monkeypatch):
     """No --rows: the sweeps, then (once they finish) the tuned rows; ``one-rate``: the six one-rate groups."""
     from slimpar.bench import quality
