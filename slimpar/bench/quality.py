@@ -85,6 +85,9 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     return data
 
 
+# a hung run's limit: the longest run, FLOP-matched B-SDP 0.5 at 32,000 steps (64,000 SDP steps), takes about
+# 3.5 h at 2 at a time, beside nothing else; 4 h, the old limit, left no room for a busy machine
+RUN_TIMEOUT_S = 12 * 3600
 CURVE_POINTS = 256  # training-loss points a run's curve keeps in results.json (thin)
 
 # the groups that run at the sweeps' rates, in phases after the sweeps: the tuned groups, then the length and
@@ -159,7 +162,7 @@ def _run(out: Path, batch: list[Row], todo: list[Row], results: dict, failed: li
 
     def one(row: Row) -> None:
         try:
-            result = thin(run_row(row, out, timeout=4 * 3600))
+            result = thin(run_row(row, out, timeout=RUN_TIMEOUT_S))
         except Exception as e:  # noqa: BLE001 - a failed run is reported, the others go on
             with lock:
                 failed.append(f"{row.key} ({str(e).splitlines()[0]})")
