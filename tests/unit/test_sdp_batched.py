@@ -117,3 +117,36 @@ def test_keep_one_is_single_process_training_on_the_concatenated_batch():
         opt.zero_grad()
         losses.append(float(loss.detach()))
     _assert_same((losses, dict(model.named_parameters())), bat)
+
+
+def _step_flops(n_layers: int, keep: float | None = None, regime: str = "forward") -> int:
+    """Matrix FLOPs (torch's FlopCounterMode) of one forward and backward on the 4 workers' batches: the plain model
+    on their concatenation (keep None), or BatchedSDP with a block plan at ``keep``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.named("tiny", vocab_size=64, n_layers=n_layers)).double()
+    xs = _batches()[0]
+    with FlopCounterMode(display=False) as count:
+        if keep is None:
+            seq = torch.cat(xs)
+            _loss(model(seq[:, :-1]), seq).backward()
+        else:
+            b = BatchedSDP(model, plan_model(model, N, keep, level="block"), regime=regime)
+            with b.rows([len(x) for x in xs]):
+                logits = model(torch.cat(xs)[:, :-1])
+                sum(_loss(lg, seq) for lg, seq in zip(logits.split(b.counts), xs, strict=True)).backward()
+    return count.get_total_flops()
+
+
+def test_each_block_costs_only_its_holders_rows():
+    """The batched pass's compute, counted exactly: at keep 0.5 every block runs on half the rows, so the step
+    costs the block-free model's FLOPs (embedding, head) plus half the blocks'; in the backward regime every
+    row runs forward and passes its activation gradient back, and only holders' rows form weight gradients
+    (1/3 of a block's FLOPs), so the blocks cost 5/6 of theirs."""
+    full, bare = _step_flops(4), _step_flops(0)
+    blocks = full - bare
+    assert blocks > 10 * bare  # the blocks are most of the step: the check below measures them
+    assert _step_flops(4, 0.5) == bare + blocks // 2
+    assert _step_flops(4, 0.5, "backward") == bare + blocks * 5 // 6
+    assert _step_flops(4, 1.0) == full
