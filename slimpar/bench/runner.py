@@ -83,6 +83,8 @@ _STOPPING = threading.Event()
 def _run_job(cmd: list[str], timeout: float, env: dict) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True)``, with the job registered while it runs so that a
     stop sent to the benchmark reaches it (rows run in threads, and a signal reaches only the main one)."""
+    if _STOPPING.is_set():  # a row queued behind the stopped ones: start nothing
+        raise Stopped(" ".join(cmd))
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         with _LIVE_LOCK:
             _LIVE.add(proc)

@@ -18,7 +18,7 @@ def _alive(pid: int) -> bool:
 
 def test_sigterm_to_the_benchmark_stops_its_running_jobs(tmp_path):
     """Two jobs waited for in pool threads, as bench quality runs its rows; SIGTERM to the benchmark's process
-    alone: both jobs end, the benchmark exits 143 and says so."""
+    alone: both jobs end, the third, queued, never starts, and the benchmark exits 143 and says so."""
     job = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
     script = textwrap.dedent(f"""
         import os, sys
@@ -29,7 +29,7 @@ def test_sigterm_to_the_benchmark_stops_its_running_jobs(tmp_path):
             runner._run_job([sys.executable, "-c", {job!r}, rf"{tmp_path}/job{{i}}"], 300, dict(os.environ))
 
         with runner.stop_jobs_with_me(), ThreadPoolExecutor(2) as pool:
-            list(pool.map(one, range(2)))
+            list(pool.map(one, range(3)))
     """)
     bench = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     pids = tmp_path / "job0", tmp_path / "job1"
@@ -49,6 +49,7 @@ def test_sigterm_to_the_benchmark_stops_its_running_jobs(tmp_path):
         while any(_alive(pid) for pid in jobs) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(_alive(pid) for pid in jobs)
+        assert not (tmp_path / "job2").exists()
     finally:
         for pid in jobs:
             if _alive(pid):
