@@ -85,6 +85,9 @@ def test_keep_half_with_mapl(runs, run: str) -> None:
         # the boundary bytes are the pipeline's sends, counted apart
         sends = sum(n for k, n in r["comm_by_op"].items() if k.startswith("send@"))
         assert sends == r["pipeline_bytes_sent"]
+        # gradients stay views of their sync buckets: one gradient's worth per parameter, no second copy (the
+        # tied embedding's boundary sync once put a new tensor beside the bucket that the others kept alive)
+        assert r["mem"]["grads"] == r["mem"]["params"]
     assert s["comm_bytes_per_step_fwd"] > 0 and s["comm_bytes_per_step_bwd"] > 0
     # with keep 0.5 the replicas hold fewer block parameters in all than pipeline × DDP
     held = [sum(r["mem"]["params"] for r in summary(runs[x])["per_rank"]) / len(summary(runs[x])["per_rank"])
