@@ -151,12 +151,12 @@ def _run(out: Path, batch: list[Row], todo: list[Row], results: dict, failed: li
     """Run ``batch``'s rows ``jobs`` at a time, rewriting the report of all of ``todo`` after each. The finished
     ones (_finished) are collected first and the report written once for them: rewriting it (an 8 MB record and
     its plots) after each of a hundred finished runs kept a resumed sweep from starting for minutes."""
+    if not batch:
+        return
     for row in batch:
         if done := _finished(row, out, recorded, same_command=True):
             results[row.key] = done
     left = [r for r in batch if r.key not in results]
-    if not batch:
-        return
     _write(out, todo, results, failed, meta, recorded)
     lock = threading.Lock()
 

@@ -136,11 +136,10 @@ class SharedParamSync:
                 g[rows] = s + r
             else:
                 g = (s + r).view_as(p)  # identical bits on both ends
-            if p.grad is not None and p.grad.shape == g.shape:
-                p.grad.copy_(g)  # in place: under the hybrid the gradient is a view of a sync bucket, which a new
-                # tensor here would keep alive beside it (the bucket's other views hold it) for the whole step
-            else:
+            if p.grad is None:
                 p.grad = g
+            else:  # in place: under the hybrid the gradient is a view of a sync bucket, which a new tensor here
+                p.grad.copy_(g)  # would keep alive beside it (the bucket's other views hold it) for the whole step
         self._pending = None
 
     def _part(self, p: nn.Parameter, rows: Tensor | None) -> list[Tensor]:
