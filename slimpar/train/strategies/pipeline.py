@@ -10,7 +10,7 @@
   2. the schedule (GPipe or 1F1B from torch.distributed.pipelining) runs M microbatches through a
      ``CodecPipelineStage``: compressed messages forward, compressed gradients backward, every byte
      counted at the send (stage.py);
-  3. replicas of a stage average their gradients (one all-reduce over the stage's replica group; with
+  3. replicas of a stage average their gradients (bucketed all-reduces over the stage's replica group; with
      ``pipeline.dp = "sdp"`` each block over its holders only, hybrid.py);
   4. both ends of each boundary sum their parts of the shared parameters' gradients (sync.py), and so
      do stage 0 and stage P − 1 for a tied embedding and head (exact fp32, a direct P2P link);
@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
+from slimpar.parallel.average import average_grads
 from slimpar.pipeline.evaluate import all_reduce_sum, evaluate_pipeline
 from slimpar.pipeline.groups import PipelineLayout, build_groups
 from slimpar.pipeline.pca import calibrate_stage, calibrate_virtual
@@ -143,18 +144,9 @@ class PipelineStrategy(PipelineStrategyBase):
         return t
 
     def _replica_average(self) -> None:
-        """DDP-style: average each gradient over the R replicas of this stage (one flat all-reduce)."""
-        if self.groups.replica is None:
-            return
-        params = [p for p in self.parameters() if p.grad is not None]
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, group=self.groups.replica)
-        flat /= self.layout.replicas
-        offset = 0
-        for p in params:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-            offset += n
+        """DDP-style: average each gradient over the R replicas of this stage (bucketed all-reduces)."""
+        if self.groups.replica is not None:
+            average_grads([p.grad for p in self.parameters() if p.grad is not None], self.groups.replica)
 
     def _touched_rows(self) -> torch.Tensor:
         """Anchor-table (and tied-embedding) rows with a gradient this step: the distinct ids of every
