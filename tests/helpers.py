@@ -16,6 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "llama_tiny.toml"
 
 
+def spawn_gloo(worker, nprocs: int, tmp_path: Path) -> list[str]:
+    """Runs ``worker(rank, init, out)`` in ``nprocs`` spawned processes (``init``: a file store for a gloo
+    group; ``out``: a path prefix each rank writes ``{out}.{rank}`` to) and returns what each rank wrote."""
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "out"
+    mp.start_processes(worker, args=(f"file://{tmp_path / 'store'}", str(out)), nprocs=nprocs, start_method="spawn")
+    return [Path(f"{out}.{rank}").read_text() for rank in range(nprocs)]
+
+
 @contextlib.contextmanager
 def background_run(cmd: list[str], cwd: Path, kill_after: float = 240) -> Iterator[subprocess.Popen]:
     """``cmd`` in a session of its own (a signal to its process group reaches every process, as a terminal's

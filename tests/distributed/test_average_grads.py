@@ -13,10 +13,10 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from slimpar.parallel import average
 from slimpar.parallel.average import average_grads, buckets
+from tests.helpers import spawn_gloo
 
 SHAPES = [(7,), (3, 5), (40,), (2, 2), (64,), (5, 3)]  # fp32: 28, 60, 160, 16, 256, 60 bytes
 CAP = 100  # bytes: buckets [28 60] [160] [16] [256] [60]; 160 and 256 exceed it and stand alone
@@ -58,10 +58,8 @@ def _worker(rank: int, init: str, out: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_each_gradient_becomes_the_mean_in_place_one_bucket_at_a_time(tmp_path):
-    mp.start_processes(_worker, args=(f"file://{tmp_path / 'store'}", str(tmp_path / "out")), nprocs=3,
-                       start_method="spawn")
-    for rank in range(3):
-        got = json.loads((tmp_path / f"out.{rank}").read_text())
+    for text in spawn_gloo(_worker, 3, tmp_path):
+        got = json.loads(text)
         assert max(got["errors"]) < 1e-6, got["errors"]
         assert got["same_objects"]
         # (bytes, reduced in place): two flat buckets under the cap, the two large gradients in place

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from slimpar.sdp.holders import _print as _fingerprint
 from slimpar.sdp.sync import Piece
+from tests.helpers import spawn_gloo
 
 BIG = 2_100_000  # elements: more than twice the old checksum's period of 1,000,003
 I, J = 12_345, 12_345 + 1_000_003
@@ -86,8 +86,5 @@ def _worker(rank: int, init: str, result: str) -> None:
 
 @pytest.mark.timeout(180)
 def test_check_replicas_catches_a_swap_in_a_large_tensor(tmp_path):
-    mp.start_processes(_worker, args=(f"file://{tmp_path / 'store'}", str(tmp_path / "result")), nprocs=2,
-                       start_method="spawn")
-    for rank in range(2):
-        outcome = (tmp_path / f"result.{rank}").read_text()
+    for outcome in spawn_gloo(_worker, 2, tmp_path):
         assert "SDP replicas of shared parameters differ across holders [0, 1]" in outcome, outcome
