@@ -29,6 +29,9 @@ PAPER_PARAMS = 150e6  # the paper's 4x claim: MAPL within 0.84% of the uncompres
 PAPER_GAP = 0.0084
 SDP_FAMILY = ("DDP", "B-SDP", "Bb-SDP", "N-SDP")
 TOKENS_PER_STEP = 8 * 64  # llama_quality.toml's batch
+# llama_quality.toml's training split: Shakespeare without the 4 held-out works, in its 1024-token BPE (checked
+# against the data in tests/unit/test_quality_trends.py); the longer lengths read it several times over
+TRAIN_TOKENS = 1_930_459
 
 
 WIDTHS = {"tiny": 64, "mini": 128, "small": 256}  # the width sweep's LLaMA sizes and their d
@@ -130,7 +133,9 @@ def markdown(results: list[dict], group: str) -> str:
         return ""
     xs = sorted({x for p in pts.values() for x, _ in p})
     unit = "tokens" if group == "length" else "parameters"
-    headers = ["row", *(f"{10 ** x / 1e6:.2f}M {unit}" for x in xs), "slope per 10x (± se)", "over the sweep"]
+    passes = (lambda x: f" ({10 ** x / TRAIN_TOKENS:.2g} passes)") if group == "length" else (lambda x: "")
+    headers = ["row", *(f"{10 ** x / 1e6:.2f}M {unit}{passes(x)}" for x in xs), "slope per 10x (± se)",
+               "over the sweep"]
     extra = group == "width"
     if extra:
         headers.append("extrapolated to 150M (95% interval)")
@@ -154,6 +159,8 @@ def markdown(results: list[dict], group: str) -> str:
             "percentage points per 10x, with its standard error; over the sweep: shrinks or grows where the 95% "
             "interval of the slope excludes 0, holds otherwise.")
     if group == "length":
+        note += (f" Passes: over the {TRAIN_TOKENS / 1e6:.2f}M-token training split (FLOP-matched rows read it twice "
+                 "as often); past one pass the text repeats, which rewards rows that regularise.")
         note += (" At the longest length a row runs 2 seeds where their gaps' spread is under a quarter of the gap "
                  "(issue 20: well below it), else 3; its baseline runs 3 where any row compared with it does.")
     if extra:

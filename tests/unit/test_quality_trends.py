@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from scipy import stats
@@ -144,6 +145,7 @@ def test_the_report_has_the_sweep_tables_and_the_length_targets(tmp_path):
     meta = {"date": "d", "machine": "m", "cpus": 2, "git_commit": "c", "versions": {"torch": "2.13.0"}}
     md = quality_report.report_markdown(lines, meta, [], [], runs)
     assert "Length sweep:" in md and "| shrinks |" in md
+    assert "| 16.38M tokens (8.5 passes) |" in md  # 32,000 steps of 512 tokens over the 1.93M-token split
     short = [r for r in runs if not r["row"].endswith(f" at {quality_rows.LENGTHS[-1]} steps")]
     md = quality_report.report_markdown(quality_report.aggregate(short), meta, [], [], short)
     assert "| shrinks |" not in md and "pending (3 of 4 points)" in md  # no verdict until every length has run
@@ -198,3 +200,11 @@ def test_the_gap_during_training_pairs_each_width_with_its_own_baseline(tmp_path
     assert got["SSN 4x at d 128"][1] == pytest.approx([0.04, 0.02])
     plots(runs, quality_report.aggregate(runs), tmp_path)
     assert (tmp_path / "gap_vs_step_width.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_passes_count_the_quality_configs_own_training_split():
+    from slimpar.config import load_config
+    from slimpar.data.text import build_text_data
+
+    cfg = load_config(Path(quality_rows.__file__).parents[1] / quality_rows.CONFIG)
+    assert build_text_data(cfg.data, seed=0).describe()["train_tokens"] == quality_trends.TRAIN_TOKENS
