@@ -148,7 +148,9 @@ def markdown(results: list[dict], group: str) -> str:
             cells.append(f"{100 * statistics.fmean(gaps):+.2f}%{std} ({len(gaps)})" if gaps else "–")
         f = fit(p)
         have, planned = len({px for px, _ in p}), len(LENGTHS if group == "length" else WIDTHS)
-        verdict = "–" if not f else f["verdict"] if have >= planned else f"pending ({have} of {planned} points)"
+        thin = sum(1 for x in xs if len([g for px, g in p if px == x]) < 2)  # points with fewer than 2 seeds
+        verdict = ("–" if not f else f"pending ({have} of {planned} points)" if have < planned
+                   else f"pending ({thin} point(s) with 1 seed)" if thin else f["verdict"])
         cells += [f"{100 * f['b']:+.2f} ± {100 * f['b_se']:.2f} points" if f else "–", verdict]
         if extra:
             cells.append(_extrapolated(p))

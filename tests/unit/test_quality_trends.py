@@ -149,6 +149,11 @@ def test_the_report_has_the_sweep_tables_and_the_length_targets(tmp_path):
     short = [r for r in runs if not r["row"].endswith(f" at {quality_rows.LENGTHS[-1]} steps")]
     md = quality_report.report_markdown(quality_report.aggregate(short), meta, [], [], short)
     assert "| shrinks |" not in md and "pending (3 of 4 points)" in md  # no verdict until every length has run
+    one = [r for r in runs if r["seed"] == 0 or not r["row"].endswith(f" at {quality_rows.LENGTHS[-1]} steps")]
+    md = quality_report.report_markdown(quality_report.aggregate(one), meta, [], [], one)
+    assert "| shrinks |" not in md and "pending (1 point(s) with 1 seed)" in md  # nor on one seed of a length
+    assert all(v is None for k, v in quality_report.targets(quality_report.aggregate(one)).items()
+               if k.startswith("length sweep"))
     partial = quality_report.targets(quality_report.aggregate(short))  # nor a target: a shorter length is not it
     assert all(v is None for k, v in partial.items() if k.startswith("length sweep"))
     quality_trends.plot(runs, "length", tmp_path)
