@@ -37,3 +37,13 @@ def chmod_as_created(path: str | os.PathLike[str]) -> None:
     which hides run outputs from the other users of a shared machine.
     """
     os.chmod(path, 0o666 & ~current_umask())
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a reader in another process (a rank
+    comparing the run's ``config.toml`` while rank 0 rewrites it) sees the old file or the new one, never a
+    truncated one."""
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

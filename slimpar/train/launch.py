@@ -28,6 +28,7 @@ from slimpar.train.init_from import INIT_FROM_RECORD, record_init_from
 from slimpar.train.run_lock import run_lock
 from slimpar.train.validate_limits import runs_in_process
 from slimpar.train.worker import worker_main
+from slimpar.utils import write_text_atomic
 
 # what --fresh removes from the run folder (only these; config.toml is rewritten, tokenizer files are kept)
 FRESH_DELETES = ("checkpoints", "metrics.jsonl", "summary.json", "model.safetensors", "manifest.json", "eval.json",
@@ -78,7 +79,7 @@ def prepare_out_dir(cfg: Config, out_dir: Path) -> None:
                 shutil.rmtree(path)
             elif path.exists() or path.is_symlink():
                 path.unlink()
-    (out_dir / "config.toml").write_text(to_toml(cfg))
+    write_text_atomic(out_dir / "config.toml", to_toml(cfg))  # other ranks may be reading it (rerun.py)
     record_init_from(cfg, out_dir)  # at the first start only: the sha256 of the files the run starts from
 
 

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from slimpar.config import Config, to_toml
+from slimpar.utils import write_text_atomic
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -21,4 +22,4 @@ def record_run_files(cfg: Config, data, out_dir: Path) -> None:
         (out_dir / TOKENIZER_FILE).write_text(tokenizer.tokenizer.to_str())
     if not cfg.model.vocab_size and not cfg.model.init_from:  # init_from: the folder's vocabulary
         model = dataclasses.replace(cfg.model, vocab_size=data.vocab_size)
-        (out_dir / "config.toml").write_text(to_toml(dataclasses.replace(cfg, model=model)))
+        write_text_atomic(out_dir / "config.toml", to_toml(dataclasses.replace(cfg, model=model)))
