@@ -21,7 +21,6 @@ Pipelines write the full model's names too, and their codec state by cut (:mod:`
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -34,7 +33,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from slimpar.config import ConfigError
 from slimpar.train.manifest import ManifestError, verify_manifest, write_manifest
 from slimpar.train.safe_dcp import dcp_load, read_dcp_metadata
-from slimpar.utils import chmod_as_created
+from slimpar.utils import chmod_as_created, write_text_atomic
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # keys by parameter name: see above
 
@@ -77,10 +76,9 @@ def save_checkpoint(out_dir: Path, step: int, model, optimizer, rank: int, group
     if rank == 0:
         if layout is not None:
             (path / LAYOUT).write_text(json.dumps(layout, indent=1, sort_keys=True) + "\n")
-        tmp = path / "trainer.json.tmp"
-        tmp.write_text(json.dumps({"step": step}))
-        write_manifest(path, extra={"trainer.json": tmp.read_bytes()})  # sha256 of every file, trainer.json too
-        os.replace(tmp, path / "trainer.json")
+        trainer = json.dumps({"step": step})
+        write_manifest(path, extra={"trainer.json": trainer.encode()})  # sha256 of every file, trainer.json too
+        write_text_atomic(path / "trainer.json", trainer)  # last: it marks the checkpoint complete
         if keep_last:
             prune_checkpoints(out_dir, keep_last)
     return path

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from slimpar.config import ConfigError
+from slimpar.utils import write_text_atomic
 
 MEMBERSHIP = "membership.json"  # in the run folder: every start's world size, and the changes between them
 
@@ -95,9 +96,7 @@ def record_start(out_dir: Path, world: int, step: int, restart: int, job: str | 
                   "restart": restart}
         data["changes"].append(change)
     path = Path(out_dir) / MEMBERSHIP
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
     return change
 
 

@@ -19,6 +19,8 @@ import os
 import traceback
 from pathlib import Path
 
+from slimpar.utils import write_text_atomic
+
 MARKER = ".slimpar-failed-for-good.json"
 
 
@@ -26,10 +28,8 @@ def record(out_dir: str | Path, what: str, message: str, exit_code: int) -> None
     """Write the marker (atomically; every failing rank may, the content is the same verdict). ``what`` names
     the failure in a few words ("the NaN guard"), ``message`` is the paragraph the worker printed."""
     path = Path(out_dir) / MARKER
-    tmp = path.with_name(f"{MARKER}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps({"what": what, "message": message, "exit_code": exit_code}))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps({"what": what, "message": message, "exit_code": exit_code}))
     except OSError:  # a full or read-only disk: the launcher then retries, which is the old behaviour
         pass
 

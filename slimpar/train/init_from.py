@@ -15,11 +15,11 @@ someone who can write the run folder (docs/trust.md).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from slimpar.config import Config, ConfigError
 from slimpar.train.manifest import file_mismatch, sha256_of
+from slimpar.utils import write_text_atomic
 
 INIT_FROM_RECORD = "init_from.json"
 INIT_FROM_FILES = ("config.json", "model.safetensors")  # what build.py reads from the folder
@@ -40,9 +40,7 @@ def record_init_from(cfg: Config, out_dir: Path) -> Path | None:
         return path
     folder = Path(cfg.model.init_from)
     record = {"format": 1, "algorithm": "sha256", "folder": str(folder.resolve()), "files": _entries(folder)}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(record, indent=1) + "\n")
     return path
 
 

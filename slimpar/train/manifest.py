@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from slimpar.config import ConfigError
+from slimpar.utils import write_text_atomic
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -61,10 +62,8 @@ def write_manifest(folder: str | os.PathLike[str], files: Iterable[str] | None =
     entries = {n: {"sha256": sha256_of(folder / n), "size": (folder / n).stat().st_size} for n in names}
     for n, data in (extra or {}).items():
         entries[n] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, "algorithm": "sha256", "files": dict(sorted(entries.items()))},
-                              indent=1) + "\n")
-    os.replace(tmp, folder / MANIFEST)
+    write_text_atomic(folder / MANIFEST, json.dumps({"format": FORMAT, "algorithm": "sha256",
+                                                     "files": dict(sorted(entries.items()))}, indent=1) + "\n")
     return folder / MANIFEST
 
 

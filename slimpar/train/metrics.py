@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -12,7 +11,7 @@ from typing import Any
 
 import torch
 
-from slimpar.utils import fmt_bytes
+from slimpar.utils import fmt_bytes, write_text_atomic
 
 MEM_KINDS = ("params", "grads", "optimizer", "activations", "buffers", "peak_live", "peak_step_alloc",
              "peak_rss_delta")
@@ -47,9 +46,7 @@ class MetricsWriter:
                 continue
             if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
                 kept.append(line + "\n")
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, "".join(kept))
 
 
 def git_commit() -> str | None:
