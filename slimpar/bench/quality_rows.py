@@ -263,10 +263,14 @@ def _rate_rows(steps: int, seeds: tuple[int, ...], groups: tuple[str, ...], swee
     tuned_of = {n: SWEEPS[w][0] for w in SWEEPS for n in SWEEPS[w][1]}
     if "length" in groups:
         longest = longest_losses(sweep_dir) if sweep_dir else {}
-        out += [Row(f"{n} at {k} steps", CONFIG, ["--train.steps", str(k), *named[n], "--train.lr", rate[n]],
-                    "length", s, tags={"lr": rate[n], "steps": k, **_same(k == STEPS, n, tuned_of[n], s)})
-                for k in LENGTHS for n in LENGTH_ROWS if n in rate for s in seeds
-                if k < LENGTHS[-1] or s in seeds[:2] or third_seed(longest, n)]
+        length = [Row(f"{n} at {k} steps", CONFIG, ["--train.steps", str(k), *named[n], "--train.lr", rate[n]],
+                      "length", s, tags={"lr": rate[n], "steps": k, **_same(k == STEPS, n, tuned_of[n], s)})
+                  for k in LENGTHS for n in LENGTH_ROWS if n in rate for s in seeds
+                  if k < LENGTHS[-1] or s in seeds[:2] or third_seed(longest, n)]
+        # a third seed at the longest length runs after every row's first two, also in a resumed sweep where the
+        # two seeds of some rows have finished and those of others have not
+        third = [r for r in length if r.tags["steps"] == LENGTHS[-1] and r.seed not in seeds[:2]]
+        out += [r for r in length if r not in third] + third
     if "width" in groups:
         for size, d in WIDTHS.items():
             n_steps = round(STEPS * width_params(size) / width_params("mini"))

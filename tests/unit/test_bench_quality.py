@@ -356,6 +356,30 @@ def test_the_length_sweeps_third_seeds_run_last_and_only_where_needed(tmp_path, 
     assert len(again["runs"]) == len(data["runs"]) == len(trained)
 
 
+def test_a_resumed_length_sweep_still_runs_third_seeds_after_every_rows_first_two(tmp_path):
+    """Resumed where some rows' first two seeds at the longest length have finished (none, int8: their gaps
+    spread, so a third is due) and others' have not: the third seeds still come after every first-two run (a
+    resumed sweep at 911cc3a started none's and int8's third seeds before MAPL 4x's second)."""
+    from slimpar.bench.runner import Row
+
+    for sweep, named in (("lr-sweep", quality_rows.TUNED), ("sdp-lr-sweep", quality_rows.SDP_TUNED)):
+        for name in named:
+            for lr in quality_rows.SWEEP_RATES[sweep]:
+                _sweep_summary(tmp_path, name, lr, 3.0 + abs(float(lr) - 1e-3), sweep)
+    longest = quality_rows.LENGTHS[-1]
+    for name, vals in (("none", (3.20, 3.21)), ("int8", (3.19, 3.21))):
+        for seed, val in enumerate(vals):
+            folder = tmp_path / "runs" / Row(f"{name} at {longest} steps", quality_rows.CONFIG, group="length",
+                                             seed=seed).key
+            folder.mkdir(parents=True)
+            (folder / "summary.json").write_text(f'{{"val_loss": {val}}}')
+    runs = quality_rows.rows(groups=("length",), sweep_dir=tmp_path)
+    third = [i for i, r in enumerate(runs) if r.seed == 2 and r.tags["steps"] == longest]
+    assert [runs[i].name for i in third] == [f"none at {longest} steps", f"int8 at {longest} steps"]
+    assert third == list(range(len(runs) - 2, len(runs)))  # last, after MAPL 4x's and the SDP rows' seed 1
+    assert any(r.name == f"MAPL 4x at {longest} steps" and r.seed == 1 for r in runs)
+
+
 def test_a_new_machine_goes_on_from_the_recorded_results_json(tmp_path, monkeypatch):
     """Run folders are not committed: a results.json copied into an empty --out is the record. Its runs are not
     trained again where their command is the same (a tuned seed 0 whose record is gone reuses the sweep run it
