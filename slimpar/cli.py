@@ -103,7 +103,11 @@ def _resume_command(argv: list[str], out: Path, given: bool) -> str:
 
     words = [w for w in argv if w != "--fresh"]
     line = shlex.join(["slimpar", *words, *([] if given else ["--out", str(out)])])
-    return f"the same torchrun command (... -m {line})" if under_torchrun() else line
+    if not under_torchrun():
+        return line
+    # ranks started by torchrun, or one process per rank by another launcher (srun) with RANK and WORLD_SIZE set
+    launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "launcher"
+    return f"the same {launcher} command (... -m {line})"
 
 
 def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:

@@ -137,3 +137,4 @@ def test_a_survivor_without_an_agent_names_the_lost_peer(tmp_path):
     assert len(lines) == 2 and lines[0].startswith("slimpar: error: rank 0 of 2 lost a peer in "), lines
     assert "resume it with the same command" in lines[0], lines
     assert lines[1].startswith("slimpar: training failed; the run folder is "), lines
+    assert "the same launcher command (... -m slimpar train " in lines[1], lines  # not torchrun: none ran

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +97,23 @@ def test_ctrl_c_or_a_failure_ends_with_one_line_naming_the_folder(fake_launch, c
     assert main(["train", "--config", "llama_tiny", "--data.ood", "none"]) == code
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith(says) and err[0].endswith("--out runs/llama_tiny"), err
+
+
+@pytest.mark.parametrize("env, says", [
+    ({}, "slimpar train --config"),
+    ({"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "2"}, "the same torchrun command (... -m slimpar train"),
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "the same launcher command (... -m slimpar train"),  # srun: no agent
+])
+def test_the_resume_command_names_the_launcher_that_started_the_ranks(monkeypatch, env, says):
+    from slimpar.cli import _resume_command
+
+    for name in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    line = _resume_command(["train", "--fresh", "--config", "c.toml"], Path("runs/c"), given=False)
+    assert line.startswith(says) and "--fresh" not in line, line
+    assert line.rstrip(")").endswith("slimpar train --config c.toml --out runs/c"), line
 
 
 def _train(cwd, *args: str) -> subprocess.CompletedProcess:
