@@ -112,12 +112,15 @@ def _ahead(lines: list[dict], group: str, mine: str, other: str, by_spread: bool
 
 def _every_length(lines: list[dict], at) -> dict | None:
     """A target at every length of the length sweep: the worst length's numbers, met only if every length is
-    (None until every length of ``LENGTHS`` has run: a target on some lengths is not the issue's target)."""
+    (None while a length has not settled and every settled one meets it: a target on some lengths is not the
+    issue's target; one settled length that misses it misses it)."""
     got = [at(k) for k in quality_trends.LENGTHS]
-    if None in got:
+    known = [v for v in got if v is not None]
+    if not known or (len(known) < len(got) and all(v["met"] for v in known)):
         return None
-    worst = min(got, key=lambda v: v["lead"] - v["spread"] if "lead" in v else -v["gap"])
-    return {**worst, "met": all(v["met"] for v in got), "within_std": all(v.get("within_std", v["met"]) for v in got)}
+    worst = min(known, key=lambda v: v["lead"] - v["spread"] if "lead" in v else -v["gap"])
+    return {**worst, "met": all(v["met"] for v in known), "lengths": (len(known), len(got)),
+            "within_std": all(v.get("within_std", v["met"]) for v in known)}
 
 
 def _longest(at) -> dict | None:
@@ -125,10 +128,20 @@ def _longest(at) -> dict | None:
     return at(quality_trends.LENGTHS[-1])
 
 
+def _settled(ln: dict) -> bool:
+    """A line a length target may judge (quality_trends.settled, from the line's paired gap and its std)."""
+    n, longest = len(ln["seeds"]), ln["row"].endswith(f" at {quality_trends.LENGTHS[-1]} steps")
+    if n < 2 or not longest or n > 2 or ln["row"] == baseline_name(ln["row"]):
+        return n >= 2
+    gap, std = ln.get("val_loss_gap"), ln.get("val_loss_gap_std")
+    return gap is not None and std is not None and quality_trends.two_seeds_settle(gap, std)
+
+
 def targets(lines: list[dict]) -> dict[str, dict | None]:
     """Issue 10's targets, each with the measured number and whether it was met (None: rows not run). The length
-    sweep's are judged on points with 2 seeds or more (a sweep in progress has points with one)."""
-    settled = [ln for ln in lines if len(ln["seeds"]) >= 2]
+    sweep's are judged on settled points (quality_trends.settled: 2 seeds or more, and at the longest length 3, or
+    2 whose gaps' spread is well below the gap); a sweep in progress has points with one, or two awaiting a third."""
+    settled = [ln for ln in lines if _settled(ln)]
     return {
         "B-SDP 0.5 iteration-matched within 1% of DDP": _within(_line(lines, "sdp", "B-SDP 0.5"), 0.01),
         "B-SDP 0.5 FLOP-matched at or below DDP": _within(_line(lines, "sdp", "B-SDP 0.5 FLOP-matched"), 0.0),
@@ -269,14 +282,19 @@ def _targets_table(t: dict[str, dict | None]) -> str:
     body = []
     for name, v in t.items():
         if v is None:
-            body.append([name, "pending (not every length with 2 seeds)" if name.startswith("length sweep")
+            body.append([name, "pending (a length without 2 seeds, or a third due at the longest)"
+                         if name.startswith("length sweep")
                          else "not run", "–"])
-        elif "lead" in v:
-            lead = f"lead {v['lead']:+.4f} nats vs spread {v['spread']:.4f}"
-            body.append([name, lead, "met" if v["met"] else "missed"])
         else:
-            verdict = "met" if v["met"] else "missed by less than 1 std" if v["within_std"] else "missed"
-            body.append([name, _pm(v["gap"], v["gap_std"], pct=True), verdict])
+            judged, of = v.get("lengths", (1, 1))  # a target at every length, missed before every length settled
+            where = f" (worst of the {judged} lengths settled of {of})" if judged < of else ""
+            if "lead" in v:
+                measured = f"lead {v['lead']:+.4f} nats vs spread {v['spread']:.4f}"
+                verdict = "met" if v["met"] else "missed"
+            else:
+                measured = _pm(v["gap"], v["gap_std"], pct=True)
+                verdict = "met" if v["met"] else "missed by less than 1 std" if v["within_std"] else "missed"
+            body.append([name, measured + where, verdict])
     return markdown_table(["target", "measured", ""], body) + "\n"
 
 

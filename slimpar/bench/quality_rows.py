@@ -37,11 +37,10 @@ row at one learning rate (``GROUPS``):
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from slimpar.bench.mapl import ROWS as CODECS
-from slimpar.bench.quality_trends import LENGTHS, WIDTHS, baseline_name, split_name, width_params
+from slimpar.bench.quality_trends import LENGTHS, WIDTHS, baseline_name, settled, split_name, width_params
 from slimpar.bench.runner import Row
 
 CONFIG = "configs/llama_quality.toml"
@@ -141,10 +140,6 @@ UNSEEN = {
 # 2,000 steps are the tuned group's runs). 32,000 steps are 16.4M tokens: 16 tokens per parameter for the 4-block
 # pipeline, 10 for SDP
 LENGTH_ROWS = ("none", "int8", "SSN 4x", "MAPL 4x", "naive 4x", *SDP_TUNED)
-# at the longest length 2 seeds are enough where their spread is well below the gap (the issue's words): a third
-# runs where the two seeds' paired gaps spread by more than a quarter of their mean, in a phase after every row's
-# first two (third_seed)
-WELL_BELOW = 0.25
 # issue 20, item 4: none, SSN 4x and MAPL 4x at d = 64, 128 and 256 (4 blocks in 4 stages: quality_trends.WIDTHS),
 # each at the tokens per parameter of 2,000 steps at d = 128 (1.02) and at its rate tuned at d = 128
 WIDTH_ROWS = ("none", "SSN 4x", "MAPL 4x")
@@ -293,7 +288,7 @@ def longest_losses(out: Path) -> dict[tuple[str, int], float]:
 
 def third_seed(losses: dict[tuple[str, int], float], name: str) -> bool:
     """Whether ``name`` runs a third seed at the longest length: where its first two seeds' paired gaps to the
-    baseline spread by more than ``WELL_BELOW`` of their mean (std = |g0 - g1| / sqrt 2), and for a baseline
+    baseline leave it unsettled (quality_trends.settled: their std above a quarter of their mean), and for a baseline
     (none, DDP) where any row compared with it does. ``losses``: longest_losses. Until both seeds and their
     baselines have finished: no (the benchmark asks again after them, in bench/quality.py's last phase)."""
     row = f"{name} at {LENGTHS[-1]} steps"
@@ -304,8 +299,8 @@ def third_seed(losses: dict[tuple[str, int], float], name: str) -> bool:
     pairs = [(losses.get((name, s)), losses.get((base, s))) for s in SEEDS[:2]]
     if any(mine is None or ref is None for mine, ref in pairs):
         return False
-    g0, g1 = (mine / ref - 1 for mine, ref in pairs)
-    return abs(g0 - g1) / math.sqrt(2) > WELL_BELOW * abs(g0 + g1) / 2
+    gaps = [mine / ref - 1 for mine, ref in pairs]
+    return not settled(gaps, longest=True)
 
 
 def _same(same: bool, name: str, group: str, seed: int) -> dict:

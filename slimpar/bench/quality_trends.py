@@ -36,6 +36,23 @@ TRAIN_TOKENS = 1_930_459
 
 WIDTHS = {"tiny": 64, "mini": 128, "small": 256}  # the width sweep's LLaMA sizes and their d
 LENGTHS = (2000, 5000, 12500, 32000)  # the length sweep's steps (bench/quality_rows.py)
+# at the longest length 2 seeds are enough where their spread is well below the gap (issue 20): here, where the std
+# of their two paired gaps (|g0 - g1| / sqrt 2) is at most a quarter of their mean; otherwise a third seed runs
+# (quality_rows.third_seed) and the point waits for it
+WELL_BELOW = 0.25
+
+
+def two_seeds_settle(mean: float, std: float) -> bool:
+    """Whether two seeds whose paired gaps have this mean and std settle a point at the longest length."""
+    return std <= WELL_BELOW * abs(mean)
+
+
+def settled(gaps: list[float], longest: bool) -> bool:
+    """Whether a point's seeds are enough to judge it: 2 or more, and at the longest length 3, or 2 that settle
+    it (:func:`two_seeds_settle`)."""
+    if len(gaps) < 2:
+        return False
+    return not longest or len(gaps) > 2 or two_seeds_settle(statistics.fmean(gaps), statistics.stdev(gaps))
 
 
 def width_params(size: str) -> int:
@@ -149,8 +166,11 @@ def markdown(results: list[dict], group: str) -> str:
         f = fit(p)
         have, planned = len({px for px, _ in p}), len(LENGTHS if group == "length" else WIDTHS)
         thin = sum(1 for x in xs if len([g for px, g in p if px == x]) < 2)  # points with fewer than 2 seeds
+        longest = math.log10(LENGTHS[-1] * TOKENS_PER_STEP)
+        third = group == "length" and not thin and not settled([g for px, g in p if px == longest], True)
         verdict = ("–" if not f else f"pending ({have} of {planned} points)" if have < planned
-                   else f"pending ({thin} point(s) with 1 seed)" if thin else f["verdict"])
+                   else f"pending ({thin} point(s) with 1 seed)" if thin
+                   else "pending (a third seed at the longest length)" if third else f["verdict"])
         cells += [f"{100 * f['b']:+.2f} ± {100 * f['b_se']:.2f} points" if f else "–", verdict]
         if extra:
             cells.append(_extrapolated(p))
