@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -44,6 +45,11 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     comparing the run's ``config.toml`` while rank 0 rewrites it) sees the old file or the new one, never a
     truncated one."""
     tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no partial temporary file is left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -131,10 +131,8 @@ def _longest(at) -> dict | None:
 def _settled(ln: dict) -> bool:
     """A line a length target may judge (quality_trends.settled, from the line's paired gap and its std)."""
     n, longest = len(ln["seeds"]), ln["row"].endswith(f" at {quality_trends.LENGTHS[-1]} steps")
-    if n < 2 or not longest or n > 2 or ln["row"] == baseline_name(ln["row"]):
-        return n >= 2
-    gap, std = ln.get("val_loss_gap"), ln.get("val_loss_gap_std")
-    return gap is not None and std is not None and quality_trends.two_seeds_settle(gap, std)
+    gap, std = ln.get("val_loss_gap"), ln.get("val_loss_gap_std")  # a baseline's own: 0 ± 0, settled
+    return n >= 2 and (not longest or n > 2 or (gap is not None and quality_trends.two_seeds_settle(gap, std)))
 
 
 def targets(lines: list[dict]) -> dict[str, dict | None]:

@@ -263,9 +263,8 @@ def _rate_rows(steps: int, seeds: tuple[int, ...], groups: tuple[str, ...], swee
                   for k in LENGTHS for n in LENGTH_ROWS if n in rate for s in seeds
                   if k < LENGTHS[-1] or s in seeds[:2] or third_seed(longest, n)]
         # a third seed at the longest length runs after every row's first two, also in a resumed sweep where the
-        # two seeds of some rows have finished and those of others have not
-        third = [r for r in length if r.tags["steps"] == LENGTHS[-1] and r.seed not in seeds[:2]]
-        out += [r for r in length if r not in third] + third
+        # two seeds of some rows have finished and those of others have not (a stable sort)
+        out += sorted(length, key=lambda r: r.tags["steps"] == LENGTHS[-1] and r.seed not in seeds[:2])
     if "width" in groups:
         for size, d in WIDTHS.items():
             n_steps = round(STEPS * width_params(size) / width_params("mini"))

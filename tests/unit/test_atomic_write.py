@@ -26,3 +26,13 @@ def test_a_concurrent_reader_sees_the_old_or_the_new_file_never_a_partial_one(tm
     reader.join()
     assert seen <= set(texts) and len(seen) >= 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]  # no temporary file left
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    import pytest
+
+    path = tmp_path / "taken"
+    (path / "inside").mkdir(parents=True)  # the rename onto a non-empty folder fails, as a full disk would
+    with pytest.raises(OSError):
+        write_text_atomic(path, "new\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"] and (path / "inside").is_dir()
