@@ -150,14 +150,27 @@ def _agent_run(cfg: Config, out_dir: Path) -> None:
 
 
 def describe_failure(e: BaseException) -> str:
-    """'rank 1 exited with code 1' (or 'was killed by SIGKILL') for the first worker that failed: the root cause,
-    not the others that the agent then ended with SIGTERM."""
+    """'rank 1 exited with code 1' (or 'was killed by SIGKILL') for the worker that failed first: the root cause,
+    not the others that then failed with it.
+
+    The agent stamps a failure without an error file in whole seconds, so a worker killed by a signal and the
+    survivor that then exited with code 1 ("lost a peer") often share a time stamp, and the earliest-stamp rule
+    (``get_first_failure``) alone named the survivor. The cause is taken in this order: a worker killed by a signal
+    other than the SIGTERM that the agent sends the others, then one that exited with an error code, then any;
+    within each, the earliest."""
     import signal
 
-    try:
-        rank, f = e.get_first_failure()  # ChildFailedError: the failure with the earliest time stamp
-    except (AttributeError, ValueError):
+    failures = getattr(e, "failures", None)
+    if not failures:
         return "a worker failed"
+
+    def cause(item: tuple[int, object]) -> tuple[int, float, int]:
+        rank, f = item
+        code = getattr(f, "exitcode", 0)
+        order = 0 if code < 0 and code != -signal.SIGTERM else 1 if code > 0 else 2
+        return order, getattr(f, "timestamp", 0), rank
+
+    rank, f = min(failures.items(), key=cause)
     code = getattr(f, "exitcode", None)
     if isinstance(code, int) and code < 0:
         try:

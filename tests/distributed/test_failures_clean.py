@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from slimpar.train.failure import MARKER
 from tests.helpers import ROOT, TINY, background_run, run_train
@@ -81,6 +82,12 @@ def test_full_disk_ends_clean_and_leaves_no_partial_checkpoint(tmp_path):
         subprocess.run(["umount", str(disk)], check=True)
 
 
+def _rank(pid: int) -> str | None:
+    """The RANK in a process's environment (the agent sets it for each worker)."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next((v.decode()[5:] for v in env if v.startswith(b"RANK=")), None)
+
+
 def test_lost_worker_is_one_paragraph_and_names_the_rank(tmp_path):
     """Also: a one-host job listens on the loopback only (the agent's stores and gloo)."""
     cmd = [sys.executable, "-m", "slimpar", "train", "--config", str(TINY), "--parallel.mode", "ddp",
@@ -92,7 +99,7 @@ def test_lost_worker_is_one_paragraph_and_names_the_rank(tmp_path):
                 break
         kids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "slimpar.train.worker_entry"],
                               capture_output=True, text=True).stdout.split()
-        victim = max(int(k) for k in kids)
+        victim = next(int(k) for k in kids if _rank(int(k)) == "1")
         listening = _listening({proc.pid, *map(int, kids)})
         assert listening and all(addr.startswith("127.0.0.1:") for addr in listening), listening  # local_rdzv.py
         os.kill(victim, signal.SIGKILL)
