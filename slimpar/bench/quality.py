@@ -85,8 +85,9 @@ def bench_quality(out: Path, quick: bool, only: set[str] | None = None, jobs: in
     return data
 
 
-# a hung run's limit: the longest run, FLOP-matched B-SDP 0.5 at 32,000 steps (64,000 SDP steps), takes about
-# 3.5 h at 2 at a time, beside nothing else; 4 h, the old limit, left no room for a busy machine
+# a hung run's limit: the longest run, FLOP-matched B-SDP 0.5 at 32,000 steps (64,000 batched virtual SDP steps),
+# takes about 1.2 h at 2 at a time beside nothing else (26 minutes at 12,500 steps); the limit leaves room for a
+# busy machine and for a row whose simulated workers run one after another (--sdp.virtual_batched false, slower)
 RUN_TIMEOUT_S = 12 * 3600
 CURVE_POINTS = 256  # training-loss points a run's curve keeps in results.json (thin)
 
