@@ -107,12 +107,28 @@ def tokens_per_s_vs_ddp(line: dict, ddp: dict | None, ratio: dict | None) -> dic
 
 
 def batch_markdown(lines: list[dict]) -> str:
-    """The batch group: step time and tokens/s of each row against DDP at 8 sequences a step."""
+    """The batch group: step time and tokens/s of each row against DDP at 8 sequences a step, and each SDP row's
+    step time against DDP at its own batch size (the issue's cost target compares steps of equal batches)."""
+    batch = [ln for ln in lines if ln["group"] == "batch"]
     body = [[ln["row"], str(ln["tokens_per_step"]), fmt(ln["step_time_s"], 3), ratio_cell(ln.get("step_time")),
-             fmt(ln.get("tokens_per_s"), 0), ratio_cell(ln.get("tokens_per_s_vs_ddp"))]
-            for ln in lines if ln["group"] == "batch"]
+             ratio_cell(same_batch_ratio(ln, batch)), fmt(ln.get("tokens_per_s"), 0),
+             ratio_cell(ln.get("tokens_per_s_vs_ddp"))] for ln in batch]
     return markdown_table(["run (one process, one thread)", "tokens a step", "step time (s)",
-                           "step time × DDP, median [range]", "tokens/s", "tokens/s × DDP, median [range]"], body)
+                           "step time × DDP, median [range]", "× DDP at the same batch, median [range]",
+                           "tokens/s", "tokens/s × DDP, median [range]"], body)
+
+
+def same_batch_ratio(line: dict, batch: list[dict]) -> dict | None:
+    """A batch-group SDP row's step time over DDP's at the same batch size, per timing round (the rounds run
+    the rows interleaved, so round i of both is paired), as median [range]; None for the DDP rows."""
+    if line["row"].startswith("DDP") or not line.get("step_time"):
+        return None
+    suffix = line["row"].partition(" at batch ")[2]
+    ddp = next((ln for ln in batch if ln["row"] == ("DDP" + (f" at batch {suffix}" if suffix else ""))), None)
+    if not ddp or not ddp.get("step_time"):
+        return None
+    mine, base = line["step_time"]["step_time_s"], ddp["step_time"]["step_time_s"]
+    return summarize([a / b for a, b in zip(mine, base, strict=True) if a and b], "ratio")
 
 
 def quick_rows() -> list[Row]:

@@ -66,3 +66,21 @@ def test_tokens_per_s_against_ddp_from_the_step_time_ratios_and_the_batch():
     assert [r.name for r in rows if r.name.startswith("DDP")] == ["DDP", "DDP at batch 16", "DDP at batch 32"]
     assert all(r.group == "batch" and "," not in r.name for r in rows)
     assert [r.overrides[r.overrides.index("--train.batch_size") + 1] for r in rows] == ["8", "16", "32"] * 2
+
+
+def test_sdp_step_against_ddp_at_the_same_batch():
+    """The batch table's cost column pairs round i of an SDP row with round i of DDP at its own batch size: steps
+    of 0.16, 0.15, 0.18 s against DDP's 0.28, 0.30, 0.27 s give 4/7, 1/2 and 2/3 (median 4/7)."""
+    from slimpar.bench.sdp import batch_markdown, same_batch_ratio
+
+    def line(row: str, times: list[float]) -> dict:
+        return {"group": "batch", "row": row, "tokens_per_step": 512, "step_time_s": times[0],
+                "step_time": {"step_time_s": times}}
+
+    batch = [line("DDP", [0.08, 0.08, 0.08]), line("DDP at batch 32", [0.28, 0.30, 0.27]),
+             line("virtual B-SDP 0.5 batched at batch 32", [0.16, 0.15, 0.18])]
+    got = same_batch_ratio(batch[2], batch)
+    assert abs(got["ratio_median"] - 4 / 7) < 1e-12 and got["ratio_n"] == 3
+    assert abs(got["ratio_min"] - 0.5) < 1e-12 and abs(got["ratio_max"] - 2 / 3) < 1e-12
+    assert same_batch_ratio(batch[1], batch) is None  # DDP against itself is not a measurement
+    assert "| 0.57 [0.50–0.67] |" in batch_markdown(batch)
