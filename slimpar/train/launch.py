@@ -166,13 +166,12 @@ def describe_failure(e: BaseException) -> str:
 
     def cause(item: tuple[int, object]) -> tuple[int, float, int]:
         rank, f = item
-        code = getattr(f, "exitcode", 0)
-        order = 0 if code < 0 and code != -signal.SIGTERM else 1 if code > 0 else 2
-        return order, getattr(f, "timestamp", 0), rank
+        order = 0 if f.exitcode < 0 and f.exitcode != -signal.SIGTERM else 1 if f.exitcode > 0 else 2
+        return order, f.timestamp, rank
 
     rank, f = min(failures.items(), key=cause)
-    code = getattr(f, "exitcode", None)
-    if isinstance(code, int) and code < 0:
+    code = f.exitcode
+    if code < 0:
         try:
             return f"rank {rank} was killed by {signal.Signals(-code).name}"
         except ValueError:

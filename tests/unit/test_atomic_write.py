@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from slimpar.utils import write_text_atomic
 
 
@@ -29,8 +31,6 @@ def test_a_concurrent_reader_sees_the_old_or_the_new_file_never_a_partial_one(tm
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path):
-    import pytest
-
     path = tmp_path / "taken"
     (path / "inside").mkdir(parents=True)  # the rename onto a non-empty folder fails, as a full disk would
     with pytest.raises(OSError):
