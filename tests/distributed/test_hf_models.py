@@ -18,11 +18,10 @@ def ranks(tmp_path_factory):
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env,
-                          cwd=tmp_path_factory.mktemp("hf"))
+    cwd = tmp_path_factory.mktemp("hf")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return sorted(lines, key=lambda d: d["rank"])
+    return [json.loads((cwd / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.mark.parametrize("level", ["block", "neuron"])

@@ -7,7 +7,7 @@ Prints one JSON line per rank with what tests/distributed/test_hf_models.py comp
 """
 
 import json
-import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -113,8 +113,8 @@ def main() -> None:
                           ours["state"]), "max_param_diff": diff}
     out["pipeline_losses"] = train_pipeline()
     out["reference_losses"] = hf_reference()
-    print(json.dumps(out))
-    sys.stdout.flush()
+    # one file per rank: two ranks printing to torchrun's shared stdout can interleave within a line
+    Path(f"rank{out['rank']}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
 
 
