@@ -1,6 +1,6 @@
 """Run under torchrun (gloo): SDP and a pipeline on a Hugging Face LlamaForCausalLM with random weights.
 
-Prints one JSON line per rank with what tests/distributed/test_hf_models.py compares:
+Writes rank<r>.json in the working directory (one file per rank) with what tests/distributed/test_hf_models.py compares:
 - SDP on the HF model (blocks="model.layers") against SDP on slimpar's Llama loaded with the same
   weights: losses per step, and the gathered full models (HF names) at the end;
 - a 2-stage pipeline with codec "none" cut from the HF model against the HF model trained in one process.
