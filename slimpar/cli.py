@@ -17,7 +17,7 @@ from pathlib import Path
 from slimpar import __version__
 from slimpar.cli_help import config_help
 from slimpar.config import DEFAULT_CONFIG, Config, ConfigError
-from slimpar.train.failure import debugging, internal_error
+from slimpar.train.launch.failure import debugging, internal_error
 
 
 class _Default(str):
@@ -49,11 +49,11 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     """Load, adopt torchrun's world size, validate once, choose the run folder, launch.
 
     Nothing is deleted before validation has passed: ``--fresh`` clears the old run's outputs in
-    :func:`slimpar.train.launch.prepare_out_dir`, after every check.
+    :func:`slimpar.train.launch.launcher.prepare_out_dir`, after every check.
     """
     config = args.config or str(DEFAULT_CONFIG)
     from slimpar.config import load_config
-    from slimpar.train.validate import validate
+    from slimpar.train.validate.checks import validate
 
     extra = ["--checkpoint.resume", "false"] if args.fresh else []
     if args.resume is not _AUTO:  # an explicit --resume [auto] wins over a config's resume = false
@@ -68,8 +68,8 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
         print(to_toml(cfg), end="")
         return 0
     validate(cfg)  # after the world size is known: under torchrun it is WORLD_SIZE
-    from slimpar.train.launch import default_run_folder, launch
-    from slimpar.train.validate_limits import check_writable
+    from slimpar.train.launch.launcher import default_run_folder, launch
+    from slimpar.train.validate.limits import check_writable
 
     if args.out is not None:
         check_writable(args.out, "--out")
@@ -77,13 +77,13 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     check_writable(out, "the run folder")
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun every rank runs this; rank 0 speaks
     if cfg.checkpoint.resume:  # the checkpoint a resume would load must fit this run (layout.json): exit 2
-        from slimpar.train.checkpoint import check_resume
-        from slimpar.train.rerun import check_rerun
+        from slimpar.train.checkpoint.dcp import check_resume
+        from slimpar.train.launch.rerun import check_rerun
 
         path = check_resume(out, cfg)
         if path is not None:  # and its run's settings must be this run's (config.toml), or --allow-change
             check_rerun(out, cfg, path, int(path.name.split("_")[-1]), args.allow_change, main)
-        from slimpar.train.init_from import check_init_from
+        from slimpar.train.checkpoint.init_from import check_init_from
 
         check_init_from(cfg, out)  # the init_from folder still holds what the run first started from
     _raise_swallowed_ctrl_c()  # before the run folder is announced: torch's import (in validate) may hide one
@@ -99,7 +99,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
 def _resume_command(argv: list[str], out: Path, given: bool) -> str:
     """The command that continues this run: the same one without ``--fresh`` (and with ``--out`` when the
     folder was not named: a changed working directory or config still finds it)."""
-    from slimpar.train.launch import under_torchrun
+    from slimpar.train.launch.launcher import under_torchrun
 
     words = [w for w in argv if w != "--fresh"]
     line = shlex.join(["slimpar", *words, *([] if given else ["--out", str(out)])])
@@ -126,7 +126,7 @@ def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
             raise
         if isinstance(e, (KeyboardInterrupt, SignalException)) or getattr(e, "code", None) == 130 or _CTRL_C.is_set():
             return _interrupted(out, again)
-        from slimpar.train.launch import describe_failure
+        from slimpar.train.launch.launcher import describe_failure
 
         print(_failed(out, again, describe_failure(e) if isinstance(e, ChildFailedError) else ""), file=sys.stderr,
               flush=True)
@@ -159,10 +159,10 @@ def _join_torchrun(cfg: Config) -> Config:
 
     The global batch ``train.batch_size`` stays whatever the world (an elastic run re-formed with fewer or more
     workers): each data-parallel worker takes its share, with ``train.grad_accum`` lowered only where the
-    share does not split into it (:func:`slimpar.train.elastic.fit_grad_accum`)."""
+    share does not split into it (:func:`slimpar.train.launch.elastic.fit_grad_accum`)."""
     import os
 
-    from slimpar.train.launch import under_torchrun
+    from slimpar.train.launch.launcher import under_torchrun
 
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
@@ -171,7 +171,7 @@ def _join_torchrun(cfg: Config) -> Config:
             print(f"note: joining the torchrun group of {world} processes (parallel.workers = {world})")
         cfg.parallel.workers = world
         if cfg.parallel.mode in ("single", "ddp", "fsdp", "sdp") and not cfg.sdp.virtual:
-            from slimpar.train.elastic import fit_grad_accum
+            from slimpar.train.launch.elastic import fit_grad_accum
 
             accum = fit_grad_accum(cfg.train.batch_size, cfg.train.grad_accum, world)
             if accum != cfg.train.grad_accum and main:
@@ -185,10 +185,10 @@ def _eval(args: argparse.Namespace, rest: list[str]) -> int:
     if args.lm_eval:
         if rest:
             raise ConfigError(f"unexpected arguments with --lm-eval: {' '.join(rest)}")
-        from slimpar.train.lm_eval_run import lm_eval_command
+        from slimpar.commands.lm_eval import lm_eval_command
 
         return lm_eval_command(args.run, args.lm_eval, args.limit, args.verbose)
-    from slimpar.train.evaluate_run import evaluate_run
+    from slimpar.commands.evaluate import evaluate_run
 
     evaluate_run(Path(args.run), rest, through_codecs=args.through_codecs)
     return 0
@@ -197,7 +197,7 @@ def _eval(args: argparse.Namespace, rest: list[str]) -> int:
 def _export(args: argparse.Namespace, rest: list[str]) -> int:
     if rest:
         raise ConfigError(f"unexpected arguments {' '.join(rest)}; usage: slimpar export --hf RUN OUT")
-    from slimpar.train.export_hf import export_command
+    from slimpar.commands.export_hf import export_command
 
     return export_command(*args.hf)
 
@@ -205,17 +205,17 @@ def _export(args: argparse.Namespace, rest: list[str]) -> int:
 def _sample(args: argparse.Namespace, rest: list[str]) -> int:
     if rest:
         raise ConfigError(f"unexpected arguments {' '.join(rest)}; usage: slimpar sample --run RUN --prompt TEXT")
-    from slimpar.train.sample_run import sample_command
+    from slimpar.commands.sample import sample_command
 
     return sample_command(args.run, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
 
 
 def _plan(args: argparse.Namespace, rest: list[str]) -> int:
     if args.memory:
-        from slimpar.train.memory_command import memory_command
+        from slimpar.commands.plan_memory import memory_command
 
         return memory_command(args, rest)
-    from slimpar.train.plan_command import plan_command
+    from slimpar.commands.plan import plan_command
 
     return plan_command(args, rest)
 
@@ -325,7 +325,7 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     b.add_argument("--rows", default="", help="comma-separated groups, rows (name or group/name) or runs "
                    "(group/name/sSEED); default: every row, except for quality: its core set (lr-sweep, tuned, "
                    "sdp-lr-sweep, sdp-tuned), the other groups (one-rate, length, width, unseen-config, ...: "
-                   "bench/quality_rows.py) run when named; finished runs are reused")
+                   "bench/quality/rows.py) run when named; finished runs are reused")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="mapl only: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling)")
     b.add_argument("--jobs", type=int, default=None,
@@ -352,7 +352,7 @@ def _preflight(args: argparse.Namespace) -> None:
         raise ConfigError(f"--out {args.out!r} exists and is not a folder; give a run folder")
     resume = getattr(args, "resume", False)
     if resume and str(resume).lower() not in ("false", "no", "never", "0") and not getattr(args, "fresh", False):
-        from slimpar.train.checkpoint import check_resume
+        from slimpar.train.checkpoint.dcp import check_resume
 
         check_resume(out)
 

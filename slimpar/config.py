@@ -4,7 +4,7 @@ This module is the bottom layer of slimpar and imports nothing else of it, so th
 the method libraries can read a section without pulling in the trainer. Every field carries a
 comment that is also its ``--help`` text. :func:`load_config` merges defaults < TOML file <
 command-line overrides and checks every key and type; the cross-field rules (which need the models,
-the data and the SDP planner) live in :mod:`slimpar.train.validate`, whose ``load_run_config`` is
+the data and the SDP planner) live in :mod:`slimpar.train.validate.checks`, whose ``load_run_config`` is
 what the CLI calls.
 """
 
@@ -324,7 +324,7 @@ def resolve_config_path(path: str | Path) -> Path:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults < TOML file < overrides, type-checked (cross-field rules: slimpar.train.validate)."""
+    """Defaults < TOML file < overrides, type-checked (cross-field rules: slimpar.train.validate.checks)."""
     cfg = Config()
     if path is not None:
         p = resolve_config_path(path)

@@ -79,7 +79,7 @@ def assert_same_run(got: Path, want: Path) -> None:
     """Two finished runs are the same to the bit: logged losses, validation loss and every exported weight."""
     import torch
 
-    from slimpar.train.checkpoint import load_safetensors
+    from slimpar.train.checkpoint.export import load_safetensors
 
     assert losses(got) == losses(want)
     assert summary(got)["val_loss"] == summary(want)["val_loss"]
@@ -98,7 +98,7 @@ def single_process_context():
     """The RunContext of a one-process run in the current folder (no process group)."""
     import torch
 
-    from slimpar.train.context import RunContext
+    from slimpar.train.launch.context import RunContext
 
     return RunContext(0, 1, torch.device("cpu"), Path("."), None)
 

@@ -32,8 +32,8 @@ from torch.func import functional_call
 from slimpar.config import Config
 from slimpar.sdp.roots import refresh_roots
 from slimpar.train.build import build_data, build_model, loss_fn, lr_at, total_steps
-from slimpar.train.strategies.sdp import plan_from_config
-from slimpar.train.validate import load_run_config
+from slimpar.train.strategies.sdp_plan import plan_from_config
+from slimpar.train.validate.checks import load_run_config
 
 Region = tuple[int | None, int, int, tuple[int, ...]]  # (dim or None for whole, start, stop, holders)
 

@@ -49,7 +49,7 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
         if os.geteuid() != 0:
             raise ConfigError("slimpar bench wallclock builds network namespaces and needs root")
-        from slimpar.bench.wallclock import bench_wallclock
+        from slimpar.bench.network.wallclock import bench_wallclock
 
         data = bench_wallclock(out, args.quick, _names(args.rows))
     elif args.which == "memory":
@@ -63,7 +63,7 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     elif args.which == "quality":
         if args.device != "cpu":
             raise ConfigError("slimpar bench quality runs on CPU (one thread per run); drop --device")
-        from slimpar.bench.quality import bench_quality
+        from slimpar.bench.quality.harness import bench_quality
 
         data = bench_quality(out, args.quick, _names(args.rows), jobs=args.jobs, steps=steps,
                              report_only=args.report_only)

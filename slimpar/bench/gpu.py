@@ -24,7 +24,7 @@ from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.comm import StepInstrument
 from slimpar.sdp.apply import apply_subnet
 from slimpar.sdp.planner import plan_blocks, plan_neurons
-from slimpar.train import memory
+from slimpar.train.memory import accounting as memory
 
 ROWS = {"DDP (full model)": None, "B-SDP 0.69": ("block", 0.69, "forward"), "B-SDP 0.5": ("block", 0.5, "forward"),
         "N-SDP 0.5": ("neuron", 0.5, "forward"), "Bb-SDP 0.5": ("block", 0.5, "backward")}

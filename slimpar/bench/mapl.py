@@ -155,8 +155,8 @@ def bench_mapl(out: Path, quick: bool, steps: int = 100, only: set[str] | None =
                jobs: int = 1, rounds: int = 2, links: bool = True) -> dict:
     """The rows, then ``rounds`` interleaved timing rounds (bench/timing.py; CPU only), then `none` and
     MAPL 4x over throttled links unless ``links`` is False."""
+    from slimpar.bench.network.throttled import run_throttled, throttled_markdown
     from slimpar.bench.plots import pareto_plot
-    from slimpar.bench.throttled import run_throttled, throttled_markdown
 
     todo = select_rows(rows(quick, steps, device), only)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """``slimpar bench memory --out DIR``: the paper's per-worker memory table at 134M, 500M and 1B, predicted.
 
 Algorithm: for every (size, mode) row, the run's config (llama_tiny's data section with the size and
-workload below) goes to :func:`slimpar.train.memory_predict.predict_memory`, which builds and steps each
+workload below) goes to :func:`slimpar.train.memory.predict.predict_memory`, which builds and steps each
 asked rank under FakeTensorMode on a fake process group of 8 workers, nothing allocated. DDP and FSDP2
 workers are alike (rank 0 stands for all); for SDP one rank per distinct held fraction of the plan is
 predicted and the row reports the largest peak. Writes ``results.json`` and ``report.md`` (the paper's
@@ -45,7 +45,7 @@ PAPER_BYTES = {"DDP": 70.9e9, "FSDP2 + AC": 11.0e9, "B-SDP C=0.5 + FSDP2 + AC": 
 
 
 def row_config(size: str, mode: str, per_worker: int = PER_WORKER_BATCH) -> Config:
-    from slimpar.train.validate import load_run_config
+    from slimpar.train.validate.checks import load_run_config
 
     root = Path(__file__).resolve().parents[1]
     overrides = ["--model.size", size, *WORKLOAD, *MODES[mode], "--train.batch_size", str(WORKERS * per_worker)]
@@ -56,15 +56,15 @@ def representative_ranks(cfg: Config) -> list[int]:
     """Rank 0 for DDP and FSDP2; for SDP the first rank of each distinct held fraction."""
     if cfg.parallel.mode != "sdp":
         return [0]
-    from slimpar.train.strategies.sdp import plan_from_config
-    from slimpar.train.validate_sdp import meta_model
+    from slimpar.train.strategies.sdp_plan import plan_from_config
+    from slimpar.train.validate.sdp import meta_model
 
     keeps = plan_from_config(cfg, meta_model(cfg), cfg.parallel.workers).keep_per_worker
     return sorted({k: r for r, k in reversed(list(enumerate(keeps)))}.values())
 
 
 def predict_row(size: str, mode: str, per_worker: int = PER_WORKER_BATCH) -> dict:
-    from slimpar.train.memory_predict import predict_memory
+    from slimpar.train.memory.predict import predict_memory
 
     cfg = row_config(size, mode, per_worker)
     t0 = time.perf_counter()
@@ -74,7 +74,7 @@ def predict_row(size: str, mode: str, per_worker: int = PER_WORKER_BATCH) -> dic
 
 
 def bench_memory(out: Path, sizes: tuple[str, ...] = SIZES, modes: tuple[str, ...] = tuple(MODES)) -> dict:
-    from slimpar.train.metrics import git_commit, versions
+    from slimpar.train.sinks.metrics import git_commit, versions
 
     out.mkdir(parents=True, exist_ok=True)
     rows = []

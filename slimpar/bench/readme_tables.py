@@ -57,7 +57,7 @@ def sweep_table(group: str) -> Callable:
     """A learning-rate sweep of ``slimpar bench quality``: each row's loss at every rate, the best in bold."""
 
     def table(src) -> str:
-        from slimpar.bench.quality_report import sweep_markdown
+        from slimpar.bench.quality.report import sweep_markdown
 
         return sweep_markdown(_group(src, group)).strip("\n").split("\n\n", 1)[1]
 
@@ -69,14 +69,14 @@ def _x100(v):
 
 
 def quality_targets(src) -> str:
-    from slimpar.bench.quality_report import _targets_table
+    from slimpar.bench.quality.report import _targets_table
 
     return _targets_table(src.data["targets"]).rstrip("\n")
 
 
 def measured_targets(src) -> str:
     """The targets whose rows this results file holds (the others are another file's)."""
-    from slimpar.bench.quality_report import _targets_table
+    from slimpar.bench.quality.report import _targets_table
 
     return _targets_table({k: v for k, v in src.data["targets"].items() if v is not None}).rstrip("\n")
 
@@ -108,8 +108,8 @@ def virtual_table(src) -> str:
 
 
 def _trend(src, group: str) -> str:
-    """A length or width sweep's table and its note (bench/quality_trends.py), from the runs results.json holds."""
-    from slimpar.bench.quality_trends import markdown
+    """A length or width sweep's table and its note (bench/quality/trends.py), from the runs results.json holds."""
+    from slimpar.bench.quality.trends import markdown
 
     return markdown(src.data["runs"], group).split(":\n\n", 1)[-1].strip()
 
@@ -157,7 +157,7 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f}"
 
 
-REFERENCES = ("DDP", "none")  # each family's baseline (bench/wallclock.py)
+REFERENCES = ("DDP", "none")  # each family's baseline (bench/network/wallclock.py)
 
 
 def wallclock_table(src) -> str:

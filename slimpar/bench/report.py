@@ -8,7 +8,7 @@ import platform
 import statistics
 from pathlib import Path
 
-from slimpar.train.metrics import git_commit, versions
+from slimpar.train.sinks.metrics import git_commit, versions
 
 
 def metadata(extra: dict | None = None) -> dict:

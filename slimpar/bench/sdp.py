@@ -242,7 +242,7 @@ def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = 
               rounds: int = 2, links: bool = True, seeds: tuple[int, ...] = (0, 1)) -> dict:
     """The rows (``seeds`` for the main ones), then ``rounds`` interleaved timing rounds (bench/timing.py),
     then DDP and B-SDP 0.5 over throttled links unless ``links`` is False."""
-    from slimpar.bench.throttled import run_throttled, throttled_markdown
+    from slimpar.bench.network.throttled import run_throttled, throttled_markdown
 
     rows = (quick_rows() if quick else llama_rows(LLAMA, steps, seeds) + resnet_rows(steps) + virtual_rows(steps)
             + batch_rows(steps))

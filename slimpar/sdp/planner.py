@@ -1,5 +1,5 @@
 """Plans from a model: the one path that ``plan_blocks``, ``plan_neurons`` and ``slimpar train`` /
-``slimpar plan`` (through ``slimpar.train.strategies.sdp.plan_from_config``) all take, so a library
+``slimpar plan`` (through ``slimpar.train.strategies.sdp_plan.plan_from_config``) all take, so a library
 user and the CLI get the same mask for the same settings.
 
 ``plan_model`` extracts the components (``model_components``), then, in order:

@@ -16,20 +16,17 @@ import torch.distributed as dist
 from slimpar.config import Config, to_dict
 from slimpar.data.shares import batch_share
 from slimpar.parallel.comm import StepInstrument, wire_bytes_written
-from slimpar.train import memory
 from slimpar.train.build import build_data, build_model, eval_every, final_eval_config, lr_at, total_steps
-from slimpar.train.checkpoint import (
-    checkpoint_layout,
-    export_safetensors,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
-from slimpar.train.context import RunContext
-from slimpar.train.elastic import SampleLog, elastic_job, membership_changes, record_start, restart_count
+from slimpar.train.checkpoint.dcp import latest_checkpoint, load_checkpoint, save_checkpoint
+from slimpar.train.checkpoint.export import export_safetensors
+from slimpar.train.checkpoint.init_from import check_init_from
+from slimpar.train.checkpoint.layout import checkpoint_layout
 from slimpar.train.guard import StepGuard, check_export
-from slimpar.train.init_from import check_init_from
-from slimpar.train.metrics import (
+from slimpar.train.launch.context import RunContext
+from slimpar.train.launch.elastic import SampleLog, elastic_job, membership_changes, record_start, restart_count
+from slimpar.train.launch.run_files import record_run_files
+from slimpar.train.memory import accounting as memory
+from slimpar.train.sinks.metrics import (
     MetricsWriter,
     git_commit,
     median_step_time,
@@ -38,8 +35,8 @@ from slimpar.train.metrics import (
     val_gap_warning,
     versions,
 )
-from slimpar.train.run_files import record_run_files
-from slimpar.train.sinks import build_sinks
+from slimpar.train.sinks.progress import TrainProgress
+from slimpar.train.sinks.trackers import build_sinks
 from slimpar.train.strategies import build_strategy
 
 
@@ -174,7 +171,7 @@ class Trainer:
     def run(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         self._build()
-        progress = _Progress(ctx.is_main and cfg.log.progress, self.start, self.total, self.items_per_step,
+        progress = TrainProgress(ctx.is_main and cfg.log.progress, self.start, self.total, self.items_per_step,
                              "tok/s" if cfg.data.kind == "text" else "img/s")
         measure_at = max(min(cfg.log.measure_step, self.total - 1), self.start)
         end = min(cfg.train.stop_after, self.total) if cfg.train.stop_after else self.total
@@ -287,50 +284,3 @@ class Trainer:
             sink.write_summary(summary, self.total)
             sink.close()
         print_summary(summary, self.strategy.summary_rows(summary))
-
-
-class _Progress:
-    """A rich progress bar on rank 0 (no-op elsewhere); logs and pipes get one plain line per logged step
-    with the elapsed time, the estimated time left and the throughput (tokens/s, images/s for image models)."""
-
-    def __init__(self, enabled: bool, start: int, total: int, items_per_step: int = 0, unit: str = "tok/s"):
-        import sys
-
-        self.bar = None
-        self.start, self.total, self.items, self.unit = start, total, items_per_step, unit
-        self.t0 = time.perf_counter()
-        self.lines = enabled and not sys.stdout.isatty()
-        if enabled and not self.lines:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn())
-            self.bar.start()
-            self.task = self.bar.add_task("train", total=total, completed=start, loss="-")
-
-    def line(self, done: int, loss: float, now: float | None = None) -> str:
-        """``step 40/100  loss 3.1234  elapsed 0:12  eta 0:18  1,234 tok/s``: rates over this invocation's steps."""
-        elapsed = (time.perf_counter() if now is None else now) - self.t0
-        steps = done - self.start
-        rate = steps / elapsed if elapsed > 0 and steps > 0 else 0.0
-        eta = _clock((self.total - done) / rate) if rate else "?"
-        return (f"step {done}/{self.total}  loss {loss:.4f}  elapsed {_clock(elapsed)}  eta {eta}  "
-                f"{rate * self.items:,.0f} {self.unit}")
-
-    def update(self, done: int, loss: float | None) -> None:
-        if self.lines and loss is not None:
-            print(self.line(done, loss), flush=True)
-        if self.bar is not None:
-            fields = {"loss": f"{loss:.3f}"} if loss is not None else {}
-            self.bar.update(self.task, completed=done, **fields)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
-def _clock(seconds: float) -> str:
-    """``0:07``, ``12:30``, ``1:02:03``."""
-    m, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

@@ -1,5 +1,5 @@
 """Ctrl-C on a multi-worker run ends with one line naming the run folder and the command that resumes it, not
-the elastic agent's log lines and each worker's KeyboardInterrupt traceback (slimpar/cli.py, train/worker.py)."""
+the elastic agent's log lines and each worker's KeyboardInterrupt traceback (slimpar/cli.py, train/launch/worker.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_ctrl_c_during_start_up_ends_with_one_line(tmp_path, moment):
     """Before the workers train: while the launcher imports torch (0.3 s in), and while the workers it has just
     started import torch (1 s after the run folder is printed; they need several seconds). Either way no
     traceback: the launcher's handler covers its imports (cli.py, lazy ``slimpar/__init__``), a worker's start-up
-    handler is its first statement (train/worker_entry.py)."""
+    handler is its first statement (train/launch/worker_entry.py)."""
     cmd = [sys.executable, "-m", "slimpar", "train", "--config", "llama_tiny", "--parallel.mode", "ddp",
            "--parallel.workers", "2", "--train.steps", "100000", "--data.ood", "none", "--checkpoint.every", "0"]
     with background_run(cmd, tmp_path) as proc:

@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from slimpar.train.checkpoint import load_safetensors
-from slimpar.train.evaluate_run import evaluate_run
-from slimpar.train.export_hf import export_hf
+from slimpar.commands.evaluate import evaluate_run
+from slimpar.commands.export_hf import export_hf
+from slimpar.train.checkpoint.export import load_safetensors
 from tests.helpers import ROOT, LazyRuns, run_train, summary
 
 COMMON = ["--train.steps", "2", "--eval.batches", "1", "--data.ood", "none", "--checkpoint.final", "false"]

@@ -10,8 +10,8 @@ import torch
 from slimpar.data.text import build_text_data
 from slimpar.models.llama import Llama
 from slimpar.train.build import llama_config
-from slimpar.train.checkpoint import load_safetensors
-from slimpar.train.validate import load_run_config
+from slimpar.train.checkpoint.export import load_safetensors
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import ROOT
 
 # slimpar is made unimportable in the loading process: the export must stand on its own

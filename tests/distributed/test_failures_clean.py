@@ -1,5 +1,5 @@
 """Every failure ends with slimpar's own paragraph and a non-zero exit, no traceback and no launcher log lines
-(issue 22, item 3), and ``--max-restarts`` does not restart a failure that would recur (train/failure.py)."""
+(issue 22, item 3), and ``--max-restarts`` does not restart a failure that would recur (train/launch/failure.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slimpar.train.failure import MARKER
+from slimpar.train.launch.failure import MARKER
 from tests.helpers import ROOT, TINY, background_run, run_train
 
 SHORT = ["--eval.batches", "1", "--data.ood", "none"]
@@ -97,7 +97,7 @@ def test_lost_worker_is_one_paragraph_and_names_the_rank(tmp_path):
         for line in proc.stdout:
             if line.startswith("step 3/"):
                 break
-        kids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "slimpar.train.worker_entry"],
+        kids = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "slimpar.train.launch.worker_entry"],
                               capture_output=True, text=True).stdout.split()
         victim = next(int(k) for k in kids if _rank(int(k)) == "1")
         listening = _listening({proc.pid, *map(int, kids)})

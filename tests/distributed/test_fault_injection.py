@@ -3,7 +3,7 @@
 Two 4-process runs of the tiny LLaMA, 8 steps, a checkpoint every 2 steps, one restart allowed:
 
 - SDP, 4 workers at keep 0.5, under ``torchrun --standalone --max-restarts 1`` (the restart path whose
-  gloo start-up used to fail with "Connection refused": slimpar.train.worker.init_attempt_group);
+  gloo start-up used to fail with "Connection refused": slimpar.train.launch.worker.init_attempt_group);
 - a 4-stage MAPL pipeline under slimpar's own launcher, ``slimpar train --max-restarts 1``.
 
 The victim (a seeded random worker) and the moment (a seeded random step, read from ``metrics.jsonl``)

@@ -45,14 +45,14 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _workers(launcher: int) -> list[int]:
-    """The training workers (``python -m slimpar.train.worker_entry``), not other helper processes."""
+    """The training workers (``python -m slimpar.train.launch.worker_entry``), not other helper processes."""
     found = []
     for pid in _descendants(launcher):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if b"slimpar.train.worker_entry" in cmd:  # how slimpar's launcher starts each worker
+        if b"slimpar.train.launch.worker_entry" in cmd:  # how slimpar's launcher starts each worker
             found.append(pid)
     return sorted(found)
 

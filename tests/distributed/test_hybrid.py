@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slimpar.train.checkpoint import load_safetensors
+from slimpar.train.checkpoint.export import load_safetensors
 from tests.helpers import LazyRuns, assert_same_run, losses, run_train, stop_and_resume, summary
 
 COMMON = ["--train.steps", "3", "--eval.batches", "1", "--data.ood", "none", "--parallel.mode", "pipeline",

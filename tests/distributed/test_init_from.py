@@ -9,7 +9,7 @@ from transformers import LlamaConfig as HFConfig
 from transformers import LlamaForCausalLM
 
 from slimpar.train.build import build_model
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import ROOT, TINY, losses, run_train
 
 

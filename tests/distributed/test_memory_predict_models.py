@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from slimpar.train.memory_predict import MEM_FIELDS, predict_memory
-from slimpar.train.validate import load_run_config
+from slimpar.train.memory.predict import MEM_FIELDS, predict_memory
+from slimpar.train.validate.checks import load_run_config
 from tests.distributed.test_memory_predict import QUIET, predict
 from tests.helpers import ROOT, TINY, run_train, summary
 

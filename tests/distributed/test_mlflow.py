@@ -18,7 +18,7 @@ ARGS = ("--train.steps", "4", "--log.every", "1", "--eval.batches", "1", "--data
 def client_and_run(tmp_path_factory, monkeypatch_module):
     from mlflow.tracking import MlflowClient
 
-    from slimpar.train.mlflow_sink import store_uri
+    from slimpar.train.sinks.mlflow_sink import store_uri
 
     out = tmp_path_factory.mktemp("mlflow") / "run"
     run_train(out, *ARGS, "--train.stop_after", "2")

@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-from slimpar.train.checkpoint import load_safetensors
+from slimpar.train.checkpoint.export import load_safetensors
 from tests.helpers import LazyRuns, losses, run_train, summary
 
 COMMON = ["--train.steps", "3", "--eval.batches", "1", "--model.tie_embeddings", "false"]
@@ -81,7 +81,7 @@ def test_tied_exchange_bytes_equal_hand_counts(runs, run: str, stages: int, chec
     """Stage 0 sends its embedding gradient on the step's distinct ids, stage P − 1 the dense head gradient,
     exact fp32, counted as kind ``tied`` at link P − 1; the checksum at step 2 adds 8 bytes each way."""
     from slimpar.train.build import build_data
-    from slimpar.train.validate import load_run_config
+    from slimpar.train.validate.checks import load_run_config
     from tests.helpers import TINY
 
     cfg = load_run_config(TINY, ["--model.tie_embeddings", "true"])
@@ -120,7 +120,7 @@ def test_bytes_counted_at_the_send_equal_c10d_and_hand_counts(runs) -> None:
 
 def test_compressed_pipeline_keeps_both_copies_identical_and_counts_every_byte(runs) -> None:
     from slimpar.train.build import build_data
-    from slimpar.train.validate import load_run_config
+    from slimpar.train.validate.checks import load_run_config
     from tests.helpers import TINY
 
     s = summary(runs["mapl_rvq"])

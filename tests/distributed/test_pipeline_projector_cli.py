@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimpar.train.checkpoint import load_safetensors
+from slimpar.train.checkpoint.export import load_safetensors
 from tests.helpers import losses, run_train, summary
 
 COMMON = ["--train.steps", "3", "--eval.batches", "1", "--model.tie_embeddings", "false",

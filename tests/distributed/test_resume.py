@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from slimpar.train.checkpoint import load_safetensors
+from slimpar.train.checkpoint.export import load_safetensors
 from tests.helpers import ROOT, losses, run_train, summary
 
 ARGS = ["--train.steps", "3", "--eval.batches", "2", "--data.ood", "none"]  # the settings of the tiny_run fixture

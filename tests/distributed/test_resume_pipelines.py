@@ -68,7 +68,7 @@ def test_four_stage_checkpoint_resumes_on_two_stages(tmp_path: Path) -> None:
     step, only the load, evaluation and export): the exported model is the checkpoint's, weight for weight;
     the codec of the cut after block 1 (the 2-stage run's only cut) is the checkpoint's; the run says so."""
 
-    from slimpar.train.checkpoint import load_safetensors
+    from slimpar.train.checkpoint.export import load_safetensors
     from tests.helpers import summary
 
     out = tmp_path / "run"
@@ -107,7 +107,7 @@ def test_hybrid_replicas_shrink_from_four_workers_to_two(tmp_path: Path) -> None
     restarts on 2 workers (one replica per stage) from the newest checkpoint. Resumed with no step left, the
     export is the checkpoint's model weight for weight, its boundary codec included, and the change is recorded."""
 
-    from slimpar.train.checkpoint import load_safetensors
+    from slimpar.train.checkpoint.export import load_safetensors
     from tests.helpers import summary
 
     hybrid = [*MAPL_RVQ, "--pipeline.stages", "2", "--pipeline.dp", "sdp", "--pipeline.sdp_keep", "0.5"]

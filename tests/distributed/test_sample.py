@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from slimpar.cli import main
+from slimpar.commands.sample import load_run_llama, sample_run
 from slimpar.config import load_config, to_toml
-from slimpar.train.run_files import TOKENIZER_FILE
-from slimpar.train.sample_run import load_run_llama, sample_run
+from slimpar.train.launch.run_files import TOKENIZER_FILE
 from tests.helpers import ROOT
 
 PROMPT = "ROMEO:"
@@ -83,8 +83,8 @@ def test_a_pipeline_export_is_sampled_without_its_codecs(tiny_run, tmp_path):
     """A pipeline run's export holds its codecs' state (``codecs.*``) beside the model: sample leaves it out."""
     import shutil
 
-    from slimpar.train.checkpoint import export_safetensors, load_safetensors
-    from slimpar.train.manifest import write_manifest
+    from slimpar.train.checkpoint.export import export_safetensors, load_safetensors
+    from slimpar.train.checkpoint.manifest import write_manifest
 
     run = tmp_path / "pipe"
     shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("checkpoints"))

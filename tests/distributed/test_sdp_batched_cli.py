@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from slimpar.train.checkpoint import load_safetensors
+from slimpar.train.checkpoint.export import load_safetensors
 from tests.helpers import losses, run_train, stop_and_resume, summary
 
 pytestmark = pytest.mark.slow

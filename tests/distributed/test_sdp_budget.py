@@ -2,7 +2,7 @@
 model and two that fit half of it; the chosen keeps, and the prediction against the exact accounting.
 
 The launcher chooses the keeps against the FakeTensorMode prediction of every rank's step
-(slimpar.train.memory_budget), which equals the measurement to the byte; the 5 % tolerance of the peak is
+(slimpar.train.memory.budget), which equals the measurement to the byte; the 5 % tolerance of the peak is
 kept from the analytic model (slimpar.sdp.budget, the library's default), which is exact here too."""
 
 import json

@@ -18,7 +18,7 @@ import pytest
 from slimpar.parallel.comm import ring_allreduce
 from slimpar.sdp.roots import refresh_roots
 from slimpar.train.build import build_model
-from slimpar.train.strategies.sdp import plan_from_config
+from slimpar.train.strategies.sdp_plan import plan_from_config
 from tests.helpers import TINY, LazyRuns, run_train, summary
 from tests.sdp_reference import component_numel, config_for
 

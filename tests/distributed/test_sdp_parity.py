@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from slimpar.cli import main as slimpar_main
-from slimpar.train.checkpoint import load_safetensors
+from slimpar.train.checkpoint.export import load_safetensors
 from tests.helpers import ROOT, TINY, losses, run_train, summary
 from tests.sdp_reference import config_for, expected_comm_bytes
 
@@ -128,7 +128,7 @@ def test_bad_sdp_config_exit_code_from_the_command_line(tmp_path):
 
 def _model_and_plan(cfg):
     from slimpar.train.build import build_data, build_model
-    from slimpar.train.strategies.sdp import plan_from_config
+    from slimpar.train.strategies.sdp_plan import plan_from_config
 
     model = build_model(cfg, build_data(cfg))
     return model, plan_from_config(cfg, model, cfg.parallel.workers)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slimpar.train.checkpoint import load_safetensors
+from slimpar.train.checkpoint.export import load_safetensors
 from tests.helpers import ROOT, TINY, losses, run_train, summary
 from tests.sdp_reference import component_numel, config_for, expected_comm_bytes, simulate
 

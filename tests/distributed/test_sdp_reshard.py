@@ -1,4 +1,4 @@
-"""Reshardable SDP checkpoints (slimpar.train.sdp_checkpoint): one full-name copy of each component.
+"""Reshardable SDP checkpoints (slimpar.train.checkpoint.sdp): one full-name copy of each component.
 
 - In-process (4 gloo processes, SubnetworkDataParallel + AdamW, 2 steps): the saved full state equals,
   for every component, the parameters and AdamW state of each of its holders, bitwise (block and neuron
@@ -30,7 +30,7 @@ SDP4 = ["--parallel.mode", "sdp", "--parallel.workers", "4", "--sdp.keep", "0.5"
 
 def _read_checkpoint(path: Path) -> dict:
     """Every tensor of a DCP checkpoint, in one process (verified first: DCP unpickles .metadata)."""
-    from slimpar.train.checkpoint import verify_checkpoint
+    from slimpar.train.checkpoint.dcp import verify_checkpoint
 
     verify_checkpoint(path)
     return _read_checkpoint_plain(path)
@@ -53,9 +53,9 @@ def _worker(rank: int, world: int, tmp: str, level: str, keep: float, mode: str)
 
     from slimpar.sdp.wrapper import SubnetworkDataParallel
     from slimpar.train.build import build_model, build_optimizer, loss_fn
-    from slimpar.train.checkpoint import OPTIONS
-    from slimpar.train.sdp_checkpoint import SDPFullState
-    from slimpar.train.strategies.sdp import plan_from_config
+    from slimpar.train.checkpoint.dcp import OPTIONS
+    from slimpar.train.checkpoint.sdp import SDPFullState
+    from slimpar.train.strategies.sdp_plan import plan_from_config
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/pg_{mode}", rank=rank, world_size=world)
@@ -103,7 +103,7 @@ def _local_slice(local: torch.Tensor, index_map: dict, name: str, span: tuple[in
 @pytest.mark.parametrize("level", ["block", pytest.param("neuron", marks=pytest.mark.slow)])
 def test_full_state_equals_every_holder(tmp_path, level):
     from slimpar.train.build import build_model
-    from slimpar.train.strategies.sdp import plan_from_config
+    from slimpar.train.strategies.sdp_plan import plan_from_config
 
     ranks = _spawn(tmp_path, 4, level, 0.5, "save")
     state = _read_checkpoint_plain(tmp_path / "ckpt")
@@ -174,7 +174,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_one_copy_under_full_names_equals_gathered_model(four):
-    from slimpar.train.checkpoint import load_safetensors
+    from slimpar.train.checkpoint.export import load_safetensors
 
     ckpt = four["run"] / "checkpoints" / "step_000002"
     state = _read_checkpoint(ckpt)

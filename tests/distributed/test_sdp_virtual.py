@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slimpar.train.checkpoint import load_safetensors
+from slimpar.train.checkpoint.export import load_safetensors
 from tests.helpers import LazyRuns, losses, run_train, summary
 
 COMMON = ["--parallel.mode", "sdp", "--train.steps", "3", "--eval.batches", "1", "--data.ood", "none",

@@ -2,7 +2,7 @@
 
 Under torchrun the configuration is validated once ``parallel.workers`` is the group's WORLD_SIZE (SDP at
 keep 0.5 on 2 workers used to fail as "a single worker"), and every rank writes into the one run folder
-that every rank names alike, runs/<config name> (slimpar.train.launch.default_run_folder).
+that every rank names alike, runs/<config name> (slimpar.train.launch.launcher.default_run_folder).
 """
 
 from __future__ import annotations

@@ -314,7 +314,7 @@ def test_bad_mask_file(name, file, content, match, tmp_path, capsys):
 
 def test_good_mask_file_passes(tmp_path):
     """The baseline the mask cases differ from: a valid 2 x 4 block mask is accepted."""
-    from slimpar.train.validate import load_run_config
+    from slimpar.train.validate.checks import load_run_config
 
     mask = write(tmp_path / "mask.txt", "1 1 0 0\n0 0 1 1\n")
     load_run_config(TINY, ["--parallel.mode", "sdp", "--parallel.workers", "2", "--sdp.assignment", "explicit",
@@ -399,7 +399,7 @@ def test_bad_data_file(name, extra, match, tmp_path, capsys):
 
 def test_latin_1_text_with_its_encoding_passes(tmp_path):
     """The fix the message names works: the same Latin-1 file validates with --data.encoding latin-1."""
-    from slimpar.train.validate import load_run_config
+    from slimpar.train.validate.checks import load_run_config
 
     path = _data_setup("latin-1-text", tmp_path)
     load_run_config(TINY, ["--data.corpus", "path", "--data.path", str(path), "--data.ood", "none",
@@ -459,7 +459,7 @@ RUN_DEFECTS: dict[str, Callable[[Path], None]] = {
     "config-unknown-key": lambda r: write(r / "config.toml", (r / "config.toml").read_text() + "\n[extra]\nx = 1\n"),
 }
 RUN_MATCH = {
-    "no-manifest": ("no manifest.json", "python -m slimpar.train.manifest write"),
+    "no-manifest": ("no manifest.json", "python -m slimpar.train.checkpoint.manifest write"),
     "truncated-export": ("model.safetensors", "truncated"),
     "flipped-byte-in-export": ("model.safetensors", "sha256"),
     "flipped-byte-in-header": ("model.safetensors", "sha256"),
@@ -524,7 +524,7 @@ def test_export_refuses_an_out_that_is_a_file_or_not_empty(tiny_run, tmp_path, c
 
 
 def test_export_refuses_a_non_llama_run(tiny_run, tmp_path, capsys):
-    from slimpar.train.manifest import write_manifest
+    from slimpar.train.checkpoint.manifest import write_manifest
 
     run = _copy_run(tiny_run, tmp_path / "run")
     text = (run / "config.toml").read_text().replace('arch = "llama"', 'arch = "resnet18"')
@@ -599,7 +599,7 @@ def test_resume_refuses_a_bad_checkpoint(defect, tiny_run, tmp_path, capsys):
 
 def test_resume_of_the_untouched_copy_verifies(tiny_run, tmp_path):
     """The baseline of the checkpoint cases: an untouched copy passes the launcher's check."""
-    from slimpar.train.checkpoint import check_resume
+    from slimpar.train.checkpoint.dcp import check_resume
 
     run = _copy_run(tiny_run, tmp_path / "run")
     assert check_resume(run).name == "step_000003"

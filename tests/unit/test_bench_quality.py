@@ -4,7 +4,9 @@ import statistics
 
 import pytest
 
-from slimpar.bench import quality, quality_report, quality_rows
+from slimpar.bench.quality import harness as quality
+from slimpar.bench.quality import report as quality_report
+from slimpar.bench.quality import rows as quality_rows
 from slimpar.bench.runner import select_rows
 
 
@@ -166,7 +168,7 @@ def test_the_time_table_sums_the_fastest_run_times_per_group():
 
 
 def test_the_gap_during_training_is_plotted_only_where_it_was_evaluated_during_training(tmp_path):
-    from slimpar.bench.quality_plots import plots
+    from slimpar.bench.quality.plots import plots
 
     def curve(*vals):
         return [{"step": 250 * (i + 1), "val_loss": v, "loss": v} for i, v in enumerate(vals)]
@@ -185,7 +187,7 @@ def test_report_only_rebuilds_the_committed_report_from_results_json(tmp_path, m
     import json
     import shutil
 
-    from slimpar.bench import quality
+    from slimpar.bench.quality import harness as quality
     from tests.helpers import ROOT
 
     shutil.copy(ROOT / "docs/results/quality/results.json", tmp_path / "results.json")
@@ -307,8 +309,8 @@ def test_a_resumed_call_writes_the_report_once_per_phase_not_once_per_finished_r
 
 def test_the_default_set_is_the_core_set_and_one_rate_names_issue_10s_groups(tmp_path, monkeypatch):
     """No --rows: the sweeps, then (once they finish) the tuned rows; ``one-rate``: the six one-rate groups."""
-    from slimpar.bench import quality
-    from slimpar.bench.quality_rows import GROUPS, SWEEPS, rows
+    from slimpar.bench.quality import harness as quality
+    from slimpar.bench.quality.rows import GROUPS, SWEEPS, rows
 
     monkeypatch.setattr(quality, "plots", lambda *a, **k: None)
     pending = quality.bench_quality(tmp_path / "a", quick=False, report_only=True)["pending"]

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from slimpar.config import ConfigError
-from slimpar.train.checkpoint import LAYOUT, check_layout, checkpoint_layout
-from slimpar.train.validate import load_run_config
+from slimpar.train.checkpoint.layout import LAYOUT, check_layout, checkpoint_layout
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY, VIRTUAL_PIPELINE
 
 MAPL = [*VIRTUAL_PIPELINE, "--pipeline.codec", "mapl", "--pipeline.stages", "2"]
@@ -47,7 +47,7 @@ def test_a_tied_field_that_differs_is_named_with_both_values(tmp_path, overrides
 
 
 def test_virtual_and_real_sdp_checkpoints_load_into_each_other(tmp_path):
-    """Virtual SDP writes the full-name format too (slimpar.train.sdp_checkpoint.VirtualSDPFullState)."""
+    """Virtual SDP writes the full-name format too (slimpar.train.checkpoint.sdp.VirtualSDPFullState)."""
     sdp = ["--parallel.mode", "sdp", "--sdp.level", "neuron"]
     real = checkpoint_layout(load_run_config(TINY, [*sdp, "--parallel.workers", "4"]))
     virtual = checkpoint_layout(load_run_config(TINY, [*sdp, "--parallel.workers", "1", "--sdp.virtual", "true",

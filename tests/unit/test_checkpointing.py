@@ -4,7 +4,7 @@ import torch
 
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.ac import apply_ac
-from slimpar.train.memory import SavedActivations, param_storages
+from slimpar.train.memory.accounting import SavedActivations, param_storages
 
 
 def _grads(model, x):

@@ -4,7 +4,7 @@ import pytest
 
 from slimpar.cli import main
 from slimpar.config import Config, ConfigError, from_dict, parse_overrides, to_dict, to_toml
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY
 
 

@@ -5,7 +5,7 @@ import signal
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from slimpar.train.launch import describe_failure
+from slimpar.train.launch.launcher import describe_failure
 
 
 def _failed(*failures: tuple[int, int, int]) -> ChildFailedError:
@@ -15,7 +15,7 @@ def _failed(*failures: tuple[int, int, int]) -> ChildFailedError:
         f = ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code, error_file="/nonexistent/error.json")
         f.timestamp = stamp
         records[rank] = f
-    return ChildFailedError("slimpar.train.worker_entry", records)
+    return ChildFailedError("slimpar.train.launch.worker_entry", records)
 
 
 def test_a_killed_worker_is_named_over_the_survivor_stamped_in_the_same_second():

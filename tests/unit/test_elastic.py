@@ -6,7 +6,7 @@ import pytest
 
 from slimpar.config import ConfigError
 from slimpar.data.shares import batch_share
-from slimpar.train.elastic import SampleLog, fit_grad_accum, membership_changes, record_start
+from slimpar.train.launch.elastic import SampleLog, fit_grad_accum, membership_changes, record_start
 
 
 def test_the_global_batch_stays_and_accumulation_follows_the_world():
@@ -57,9 +57,9 @@ def test_a_memory_budget_is_replanned_for_the_new_share():
     (The plan a started run's config implies, under the analytic model, which is exact for this fp32 LLaMA:
     ``slimpar train`` and ``slimpar plan`` choose the same keeps against the FakeTensorMode prediction, at
     the cost of predicting, which tests/distributed/test_memory_budget_predicted.py runs.)"""
-    from slimpar.train.strategies.sdp import plan_from_config
-    from slimpar.train.validate import load_run_config
-    from slimpar.train.validate_sdp import meta_model
+    from slimpar.train.strategies.sdp_plan import plan_from_config
+    from slimpar.train.validate.checks import load_run_config
+    from slimpar.train.validate.sdp import meta_model
     from tests.helpers import TINY
 
     keeps = {}

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from slimpar.train.build import build_data, build_model, final_eval_config
 from slimpar.train.evaluate import evaluate, val_splits
 from slimpar.train.strategies.base import Strategy
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY
 
 BASE = ["--eval.batches", "3", "--eval.batch_size", "4", "--data.ood", "none"]

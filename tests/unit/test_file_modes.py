@@ -8,7 +8,7 @@ import torch
 
 from slimpar.models.hf_llama import save_hf
 from slimpar.models.llama import Llama, LlamaConfig
-from slimpar.train.checkpoint import export_safetensors
+from slimpar.train.checkpoint.export import export_safetensors
 
 
 @pytest.fixture(params=[0o022, 0o027])

@@ -9,7 +9,7 @@ from slimpar.config import ConfigError
 from slimpar.hybrid import stage_plans
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.pipeline.split import stage_ranges
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY
 
 GOOD = ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "2",

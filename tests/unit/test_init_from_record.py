@@ -12,8 +12,8 @@ from slimpar.cli import main
 from slimpar.config import Config, ConfigError
 from slimpar.models.hf_llama import save_hf
 from slimpar.models.llama import Llama, LlamaConfig
-from slimpar.train.init_from import INIT_FROM_RECORD, check_init_from, record_init_from
-from slimpar.train.launch import prepare_out_dir
+from slimpar.train.checkpoint.init_from import INIT_FROM_RECORD, check_init_from, record_init_from
+from slimpar.train.launch.launcher import prepare_out_dir
 from tests.helpers import TINY, single_process_context
 
 

@@ -97,7 +97,7 @@ def test_a_ctrl_c_that_an_import_hid_stops_the_start_up(monkeypatch, capsys, tmp
     """torch catches the ImportError of an interrupted numpy import and carries on: the start-up stops anyway,
     before the run folder is announced."""
     monkeypatch.setattr(cli, "_CTRL_C", threading.Event())
-    import slimpar.train.validate as validate_module
+    import slimpar.train.validate.checks as validate_module
 
     def validate_hiding_ctrl_c(cfg):
         try:

@@ -11,7 +11,7 @@ import lm_eval  # noqa: E402
 import lm_eval.api.model  # noqa: E402
 import lm_eval.tasks  # noqa: E402
 
-import slimpar.train.lm_eval_run as lm_eval_run  # noqa: E402
+import slimpar.commands.lm_eval as lm_eval_run  # noqa: E402
 from slimpar.config import Config, to_toml  # noqa: E402
 
 

@@ -40,7 +40,7 @@ def test_budgets_that_cannot_be_met_name_the_worker_and_the_minimum():
 @pytest.mark.parametrize("image_set", ["digits", pytest.param("fashion_mnist", marks=pytest.mark.slow)])
 def test_image_stand_in_has_the_real_shapes(image_set):
     from slimpar.data.images import ImageData
-    from slimpar.train.memory_stand_ins import FakeImages
+    from slimpar.train.memory.stand_ins import FakeImages
 
     real, fake = ImageData(image_set), FakeImages(image_set)
     assert (fake.channels, fake.size, fake.num_classes) == (real.channels, real.size, real.num_classes)

@@ -3,8 +3,8 @@ launcher, 7.8 MiB under torchrun for the same run), and a rank without it does n
 
 import pytest
 
-from slimpar.train import memory
-from slimpar.train.metrics import merge_ranks
+from slimpar.train.memory import accounting as memory
+from slimpar.train.sinks.metrics import merge_ranks
 
 
 @pytest.mark.parametrize("value, ok", [(None, False), ("65536", True), ("4096", True), ("131072", False),

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import slimpar.train.sinks.progress as progress
 import slimpar.train.trainer as trainer
 from slimpar.config import load_config
 from slimpar.train.build import eval_every
@@ -27,13 +28,13 @@ def test_closing_table_is_printed_without_the_progress_bar(tmp_path, monkeypatch
 
 
 def test_log_lines_carry_elapsed_eta_and_throughput(capsys):
-    p = trainer._Progress(True, 40, 100, items_per_step=1024)  # pytest's stdout is no TTY: plain lines
+    p = progress.TrainProgress(True, 40, 100, items_per_step=1024)  # pytest's stdout is no TTY: plain lines
     assert p.lines and p.bar is None
     assert p.line(50, 3.25, now=p.t0 + 20) == "step 50/100  loss 3.2500  elapsed 0:20  eta 1:40  512 tok/s"
     p.update(60, 3.0)
     out = capsys.readouterr().out
     assert out.startswith("step 60/100  loss 3.0000  elapsed ") and " eta " in out and "tok/s" in out
-    assert trainer._clock(3723) == "1:02:03"
+    assert progress.clock(3723) == "1:02:03"
 
 
 @pytest.mark.parametrize("steps, every, log_every, want", [

@@ -16,7 +16,7 @@ from slimpar.config import ConfigError
 from slimpar.pipeline.budget import fit_rank, none_bytes, steady_bytes
 from slimpar.train.build import build_data
 from slimpar.train.strategies.pipeline_specs import codec_specs, step_shape
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY, VIRTUAL_PIPELINE, train_virtual_pipeline
 
 BASE = [*VIRTUAL_PIPELINE, "--pipeline.stages", "3", "--pipeline.microbatches", "2", "--pipeline.checksum_every", "0",

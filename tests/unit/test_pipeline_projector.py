@@ -23,10 +23,10 @@ import slimpar.optim.spel as spel
 from slimpar.codecs.stiefel import orth_error
 from slimpar.config import ConfigError
 from slimpar.train.build import build_data, build_model, lr_at
-from slimpar.train.context import RunContext
+from slimpar.train.launch.context import RunContext
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
 from slimpar.train.trainer import Trainer
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import ROOT, TINY, VIRTUAL_PIPELINE, batch_fn, single_process_context
 
 BASE = [*VIRTUAL_PIPELINE, "--pipeline.stages", "3", "--pipeline.codec", "mapl", "--pipeline.rank", "16",

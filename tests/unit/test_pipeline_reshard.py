@@ -15,9 +15,10 @@ import torch
 
 from slimpar.pipeline.pca import calibrate_virtual
 from slimpar.train.build import build_data, build_model
-from slimpar.train.checkpoint import checkpoint_layout, load_checkpoint, save_checkpoint
+from slimpar.train.checkpoint.dcp import load_checkpoint, save_checkpoint
+from slimpar.train.checkpoint.layout import checkpoint_layout
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY, VIRTUAL_PIPELINE, batch_fn, single_process_context
 
 CODEC = ["--pipeline.codec", "mapl", "--pipeline.rank", "16", "--pipeline.anchors", "factorized",
@@ -137,7 +138,7 @@ def test_an_older_stage_local_checkpoint_still_loads_into_its_layout(data, tmp_p
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from slimpar.train.checkpoint import OPTIONS
+    from slimpar.train.checkpoint.dcp import OPTIONS
 
     two, opt = _strategy(data, 2, steps=1)
     model_sd, optim_sd = get_state_dict(two.model, opt, options=OPTIONS)

@@ -11,7 +11,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from slimpar.config import ConfigError
 from slimpar.pipeline.stage import CodecPipelineStage
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY
 
 GOOD = ["--model.tie_embeddings", "false", "--parallel.mode", "pipeline", "--parallel.workers", "2",

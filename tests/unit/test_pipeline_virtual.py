@@ -27,7 +27,7 @@ from slimpar.train.build import build_data, build_model, build_optimizer, loss_f
 from slimpar.train.evaluate import evaluate
 from slimpar.train.strategies.base import Strategy
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY, VIRTUAL_PIPELINE, batch_fn, single_process_context
 
 BASE = VIRTUAL_PIPELINE

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import slimpar
-from slimpar.train.strategies.sdp import plan_from_config
-from slimpar.train.validate import load_run_config
-from slimpar.train.validate_sdp import meta_model
+from slimpar.train.strategies.sdp_plan import plan_from_config
+from slimpar.train.validate.checks import load_run_config
+from slimpar.train.validate.sdp import meta_model
 
 CONFIGS = ["configs/llama_tiny.toml", "configs/llama_small.toml", "configs/resnet_tiny.toml"]
 # (workers, keep): coverage needs workers x keep >= 1

@@ -6,7 +6,7 @@ import pytest
 
 from slimpar.cli import main
 from slimpar.config import ConfigError
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 
 
 def test_plan_ignores_batch_divisibility(capsys):

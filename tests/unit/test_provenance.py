@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import slimpar
-from slimpar.train.metrics import git_commit
+from slimpar.train.sinks.metrics import git_commit
 from tests.helpers import ROOT
 
 
@@ -22,7 +22,7 @@ def test_installed_copy_inside_another_repository_reports_no_commit(tmp_path):
     subprocess.run(["git", "-C", str(user_repo), "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q",
                     "--allow-empty", "-m", "user"], check=True)
     shutil.copytree(ROOT / "slimpar", site / "slimpar", ignore=shutil.ignore_patterns("__pycache__"))
-    code = "import sys; from slimpar.train.metrics import git_commit; print(git_commit())"
+    code = "import sys; from slimpar.train.sinks.metrics import git_commit; print(git_commit())"
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from slimpar.bench import quality_report, quality_rows, quality_trends
+from slimpar.bench.quality import report as quality_report
+from slimpar.bench.quality import rows as quality_rows
+from slimpar.bench.quality import trends as quality_trends
 
 
 def _run(group: str, row: str, seed: int, val: float) -> dict:
@@ -232,7 +234,7 @@ def test_the_width_extrapolation_is_a_power_law_fitted_in_log_space():
 def test_the_gap_during_training_pairs_each_width_with_its_own_baseline(tmp_path):
     """By hand: at d 64 the gap is 10% then 5%, at d 128 4% then 2% (each against none at its own width, seed by
     seed); the baselines get no curve of their own."""
-    from slimpar.bench.quality_plots import gaps_during_training, plots
+    from slimpar.bench.quality.plots import gaps_during_training, plots
 
     def run(row, seed, vals):
         r = _run("width", row, seed, vals[-1])
@@ -256,5 +258,5 @@ def test_the_passes_count_the_quality_configs_own_training_split():
     from slimpar.config import load_config
     from slimpar.data.text import build_text_data
 
-    cfg = load_config(Path(quality_rows.__file__).parents[1] / quality_rows.CONFIG)
+    cfg = load_config(Path(quality_rows.__file__).parents[2] / quality_rows.CONFIG)
     assert build_text_data(cfg.data, seed=0).describe()["train_tokens"] == quality_trends.TRAIN_TOKENS

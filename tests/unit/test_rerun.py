@@ -14,7 +14,7 @@ import pytest
 
 from slimpar.cli import main
 from slimpar.config import ConfigError, load_config, to_toml
-from slimpar.train.rerun import check_rerun, config_changes
+from slimpar.train.launch.rerun import check_rerun, config_changes
 from tests.helpers import ROOT
 
 
@@ -64,7 +64,7 @@ def test_extending_a_finished_run_is_a_named_change(tmp_path, capsys):
 
 @pytest.fixture
 def fake_launch(tmp_path, monkeypatch):
-    import slimpar.train.launch as launch
+    import slimpar.train.launch.launcher as launch
 
     monkeypatch.chdir(tmp_path)
     calls = []

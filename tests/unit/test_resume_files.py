@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from slimpar.config import Config, load_config
-from slimpar.train.checkpoint import latest_checkpoint, prune_checkpoints
-from slimpar.train.launch import FRESH_DELETES, prepare_out_dir
-from slimpar.train.metrics import MetricsWriter
+from slimpar.train.checkpoint.dcp import latest_checkpoint, prune_checkpoints
+from slimpar.train.launch.launcher import FRESH_DELETES, prepare_out_dir
+from slimpar.train.sinks.metrics import MetricsWriter
 from tests.helpers import TINY
 
 

@@ -8,7 +8,7 @@ from slimpar.cli import main
 @pytest.fixture
 def launched(tmp_path, monkeypatch):
     """The run folder ``slimpar train`` would launch in (nothing is trained)."""
-    import slimpar.train.launch as launch
+    import slimpar.train.launch.launcher as launch
 
     folders = []
     monkeypatch.setattr(launch, "launch", lambda cfg, out: folders.append(out))

@@ -1,4 +1,4 @@
-"""One job per run folder (train/run_lock.py): a second ``slimpar train`` on a folder that a live job holds stops
+"""One job per run folder (train/launch/run_lock.py): a second ``slimpar train`` on a folder that a live job holds stops
 with exit 2, the holder's pid and nothing written; the lock dies with its holder, even under ``kill -9``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from slimpar.train.run_lock import LOCK, RunFolderInUse, run_lock
+from slimpar.train.launch.run_lock import LOCK, RunFolderInUse, run_lock
 from tests.unit.test_bad_input import TINY_RUN_ARGS, T, expect_exit_2
 
 HOLD = """

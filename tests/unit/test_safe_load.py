@@ -17,9 +17,9 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from slimpar.cli import main
-from slimpar.train.checkpoint import OPTIONS, load_checkpoint, save_checkpoint, verify_checkpoint
-from slimpar.train.manifest import verify_manifest, write_manifest
-from slimpar.train.safe_dcp import UnsafeCheckpointError, dcp_load, read_dcp_metadata
+from slimpar.train.checkpoint.dcp import OPTIONS, load_checkpoint, save_checkpoint, verify_checkpoint
+from slimpar.train.checkpoint.manifest import verify_manifest, write_manifest
+from slimpar.train.checkpoint.safe_dcp import UnsafeCheckpointError, dcp_load, read_dcp_metadata
 
 
 class _System:

@@ -19,9 +19,9 @@ from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.sdp.batched import BatchedSDP
 from slimpar.sdp.planner import plan_model
 from slimpar.sdp.virtual import VirtualSDP
-from slimpar.train.checkpoint import OPTIONS, load_checkpoint, save_checkpoint
-from slimpar.train.sdp_checkpoint import VirtualSDPFullState
-from slimpar.train.validate import load_run_config
+from slimpar.train.checkpoint.dcp import OPTIONS, load_checkpoint, save_checkpoint
+from slimpar.train.checkpoint.sdp import VirtualSDPFullState
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY
 
 N = 4

@@ -7,9 +7,10 @@ import pytest
 from slimpar.config import Config
 from slimpar.sdp.components import Component
 from slimpar.sdp.plan import Plan
-from slimpar.train.metrics import val_gap_warning
+from slimpar.train.sinks.metrics import val_gap_warning
 from slimpar.train.strategies.base import Strategy
-from slimpar.train.strategies.sdp import BN_AUTO_BATCHES, SDPStrategy, bn_batches, keep_report, keep_text
+from slimpar.train.strategies.sdp import SDPStrategy
+from slimpar.train.strategies.sdp_plan import BN_AUTO_BATCHES, bn_batches, keep_report, keep_text
 from tests.helpers import ROOT, run_train, summary
 
 

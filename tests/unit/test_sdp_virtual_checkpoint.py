@@ -19,8 +19,8 @@ from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.sdp.components import model_components
 from slimpar.sdp.plan import plan_components
 from slimpar.sdp.virtual import VirtualSDP
-from slimpar.train.checkpoint import OPTIONS
-from slimpar.train.sdp_checkpoint import VirtualSDPFullState
+from slimpar.train.checkpoint.dcp import OPTIONS
+from slimpar.train.checkpoint.sdp import VirtualSDPFullState
 
 N = 3
 

@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 
 from slimpar.config import Config, ConfigError, to_dict
-from slimpar.train.mlflow_sink import flat_params
-from slimpar.train.sinks import check_trackers, record_scalars, summary_scalars
+from slimpar.train.sinks.mlflow_sink import flat_params
+from slimpar.train.sinks.trackers import check_trackers, record_scalars, summary_scalars
 
 
 def test_scalars_keep_numbers_only():

@@ -14,7 +14,7 @@ import torch
 
 from slimpar.pipeline import accounting
 from slimpar.train.build import build_data
-from slimpar.train.validate import load_run_config
+from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY, VIRTUAL_PIPELINE, batch_fn, train_virtual_pipeline
 
 B, T, D, STEPS = 8, 64, 64, 3

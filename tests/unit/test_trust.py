@@ -16,8 +16,8 @@ from slimpar.config import ConfigError
 from slimpar.data.corpora import user_texts
 from slimpar.data.errors import DataUnavailable
 from slimpar.data.images import load_cifar, read_cifar_batch
-from slimpar.train.checkpoint import verify_checkpoint
-from slimpar.train.manifest import ManifestError, main, verify_manifest, write_manifest
+from slimpar.train.checkpoint.dcp import verify_checkpoint
+from slimpar.train.checkpoint.manifest import ManifestError, main, verify_manifest, write_manifest
 
 
 class _Crafted:

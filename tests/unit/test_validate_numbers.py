@@ -15,7 +15,7 @@ import torch
 
 from slimpar.config import Config, ConfigError
 from slimpar.train.guard import StepGuard, TrainingDiverged, check_export
-from slimpar.train.validate import all_ranges, load_run_config, numeric_fields
+from slimpar.train.validate.checks import all_ranges, load_run_config, numeric_fields
 from tests.helpers import ROOT, TINY
 
 BAD = [

@@ -27,7 +27,7 @@ from slimpar.pipeline import accounting, training
 from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.ssn import effective_state_dict
 from slimpar.pipeline.wire import ByteCounter
-from slimpar.train.pipeline_checkpoint import PipelineCheckpoint
+from slimpar.train.checkpoint.pipeline import PipelineCheckpoint
 from slimpar.train.strategies.base import Strategy
 from slimpar.train.strategies.pipeline_specs import training_spec
 
@@ -55,9 +55,9 @@ class PipelineStrategyBase(Strategy, abc.ABC):
     # -- checkpoints ------------------------------------------------------------------------------
     @property
     def checkpoint_module(self) -> PipelineCheckpoint:
-        """Saves and loads under stage-count-free names (slimpar.train.pipeline_checkpoint)."""
+        """Saves and loads under stage-count-free names (slimpar.train.checkpoint.pipeline)."""
         if self._checkpoint is None:
-            from slimpar.train.checkpoint import OPTIONS
+            from slimpar.train.checkpoint.dcp import OPTIONS
 
             self._checkpoint = PipelineCheckpoint(self.model, self.stages, self.cfg.pipeline.stages,
                                                   self.cfg.pipeline.codec, OPTIONS)

@@ -25,7 +25,8 @@ from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.sdp.plan import analytic_bytes_per_step
 from slimpar.sdp.virtual import VirtualSDP
 from slimpar.train.build import loss_fn
-from slimpar.train.strategies.sdp import SDPStrategy, refresh_root_bytes
+from slimpar.train.strategies.sdp import SDPStrategy
+from slimpar.train.strategies.sdp_plan import refresh_root_bytes
 
 
 class VirtualSDPStrategy(SDPStrategy):
@@ -60,9 +61,9 @@ class VirtualSDPStrategy(SDPStrategy):
     @property
     def checkpoint_module(self):
         """The real SDP run's checkpoint format: one copy of the full model and its optimizer state under
-        the model's own names (slimpar.train.sdp_checkpoint), so a real run resumes it and it resumes theirs."""
-        from slimpar.train.checkpoint import OPTIONS
-        from slimpar.train.sdp_checkpoint import VirtualSDPFullState
+        the model's own names (slimpar.train.checkpoint.sdp), so a real run resumes it and it resumes theirs."""
+        from slimpar.train.checkpoint.dcp import OPTIONS
+        from slimpar.train.checkpoint.sdp import VirtualSDPFullState
 
         return VirtualSDPFullState(self.wrapper, self.model, self.shapes, OPTIONS)
 

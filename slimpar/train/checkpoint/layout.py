@@ -1,0 +1,145 @@
+"""``layout.json``: what a checkpoint holds (its format, model and parallel layout), and whether a run can load it.
+
+Written beside every checkpoint by :func:`slimpar.train.checkpoint.dcp.save_checkpoint`; :func:`check_layout` compares
+it with a new run's config in the launching process (exit 2) and again in every worker before DCP reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slimpar.config import ConfigError
+from slimpar.train.checkpoint.manifest import ManifestError
+
+LAYOUT = "layout.json"
+# fields that name or shape a checkpoint's tensors, per mode
+_TIED = {"sdp": ("level", "keep", "keep_per_worker", "memory_budget", "min_holders", "assignment", "mask_file",
+                 "groups", "regime", "fsdp", "holder_shard", "virtual", "virtual_workers"),
+         "pipeline": ("stages", "codec", "rank", "compression", "compression_of", "anchors", "anchor_dim",
+                      "anchor_form", "virtual", "rvq.levels", "rvq.codebook", "dp", "sdp_keep")}
+
+
+def _tied_fields(section, names: tuple[str, ...]) -> dict:
+    """The named fields of a config section; ``a.b`` names field b of the nested section a."""
+    from dataclasses import asdict
+
+    values, out = asdict(section), {}
+    for name in names:
+        head, _, sub = name.partition(".")
+        if sub:
+            out.setdefault(head, {})[sub] = values[head][sub]
+        else:
+            out[name] = values[name]
+    return out
+
+
+def checkpoint_layout(cfg) -> dict:
+    """What a checkpoint of this run holds: its ``names`` ("full": the full model's names, which single,
+    DDP, FSDP2 and SDP without FSDP all write and read), the model, and the parallel layout."""
+    from dataclasses import asdict
+
+    p, s, d = cfg.parallel, cfg.sdp, cfg.data
+    names = {"sdp": "sdp-fsdp" if s.fsdp > 1 or s.holder_shard else "full",
+             "pipeline": "pipeline-full"}.get(p.mode, "full")
+    model = {k: v for k, v in asdict(cfg.model).items() if k != "init_from"}  # the checkpoint supersedes init_from
+    model["data"] = ({"kind": d.kind, "tokenizer": d.tokenizer, "vocab_size": d.vocab_size} if d.kind == "text"
+                     else {"kind": d.kind, "image_set": d.image_set})
+    out = {"format": 1, "names": names, "mode": p.mode, "workers": p.workers, "seed": cfg.train.seed, "model": model}
+    section = {"sdp": s, "pipeline": cfg.pipeline}.get(p.mode)
+    if section is not None:
+        out[p.mode] = _tied_fields(section, _TIED[p.mode])
+    if p.mode == "sdp" and s.memory_budget:  # the keeps follow from the budget: the launcher fills them in
+        out["sdp"].pop("keep_per_worker")
+    if p.mode == "pipeline":
+        from slimpar.pipeline.names import cut_blocks
+        from slimpar.train.build import llama_config
+
+        out["pipeline"]["cuts"] = cut_blocks(llama_config(cfg).n_layers, cfg.pipeline.stages)
+    return out
+
+
+def _tied_diff(old: dict, new: dict, prefix: str) -> list[str]:
+    """'key: checkpoint X, this run Y' for every tied field that differs; a field only one side names
+    (written by another slimpar version, which tied more or fewer fields) is not compared."""
+    out = []
+    for k in sorted(set(old) & set(new)):
+        if isinstance(old[k], dict) and isinstance(new[k], dict):
+            out += _tied_diff(old[k], new[k], f"{prefix}{k}.")
+        elif old[k] != new[k]:
+            out.append(f"{prefix}{k}: checkpoint {old[k]!r}, this run {new[k]!r}")
+    return out
+
+
+def _describe(layout: dict) -> str:
+    mode, tied = layout.get("mode"), layout.get(layout.get("mode"), {})
+    if mode == "sdp":
+        return (f"SDP ({layout.get('workers')} workers, keep {tied.get('keep')}, {tied.get('level')} level"
+                f"{', FSDP ' + str(tied.get('fsdp')) if layout.get('names') == 'sdp-fsdp' else ''}"
+                f"{', virtual' if tied.get('virtual') else ''})")
+    if mode == "pipeline":
+        return f"pipeline ({tied.get('stages')} stages, codec {tied.get('codec')})"
+    return f"{mode} ({layout.get('workers')} workers)"
+
+
+def check_layout(path: Path, new: dict) -> None:
+    """Raise ConfigError (exit 2) unless a run with layout ``new`` can load the checkpoint at ``path``.
+
+    The model must be the same; "full" checkpoints load into any "full" run (another SDP worker count,
+    keep, level, regime or plan; single, DDP, FSDP2); "pipeline-full" ones into any pipeline with the same
+    seed and codec (:func:`_check_pipeline`); other formats only into the same layout.
+    Checkpoints without ``layout.json`` (older slimpar) are not checked here."""
+    f = Path(path) / LAYOUT
+    if not f.is_file():
+        return
+    try:
+        old = json.loads(f.read_bytes().decode("utf-8"))
+        if not isinstance(old, dict) or not isinstance(old.get("model"), dict) or "names" not in old:
+            raise ValueError("no names or model")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ManifestError(f"{f} is unreadable ({e}); use another checkpoint or start over with --fresh") from None
+    fix = "resume with the checkpoint's settings, or start over with --fresh (or another --out)"
+    if old["model"] != new["model"]:
+        diff = sorted(k for k in set(old["model"]) | set(new["model"]) if old["model"].get(k) != new["model"].get(k))
+        shown = ", ".join(f"{k}: checkpoint {old['model'].get(k)!r}, this run {new['model'].get(k)!r}" for k in diff)
+        raise ConfigError(f"{path} holds another model ({shown}); a checkpoint loads only into the same model "
+                          f"shape; {fix}")
+    if old["names"] == new["names"] == "full":
+        return
+    if old["names"] == new["names"] == "pipeline-full":
+        return _check_pipeline(path, old, new, fix)
+    if (old["names"], new["names"]) == ("pipeline", "pipeline-full"):  # an older slimpar's stage-local names
+        new = {**new, "pipeline": {k: v for k, v in new["pipeline"].items() if k != "cuts"}}
+    elif old["names"] != new["names"]:
+        raise ConfigError(f"{path} was written by {_describe(old)}, whose checkpoint names ({old['names']}) a "
+                          f"{_describe(new)} run cannot load; full-model checkpoints (single, DDP, FSDP2, SDP "
+                          f"without sdp.fsdp/holder_shard, virtual or not) load into each other; {fix}")
+    mode = new.get("mode")
+    diff = _tied_diff({k: old.get(k) for k in ("workers", "seed", mode)},
+                      {k: new.get(k) for k in ("workers", "seed", mode)}, "")
+    if diff:
+        older = (" (an older slimpar's pipeline checkpoint, under stage-local names: it resumes only with its own "
+                 "layout)" if old["names"] == "pipeline" else "")
+        raise ConfigError(f"{path} was written by {_describe(old)}, a layout its checkpoint is tied to{older}; this "
+                          f"run ({_describe(new)}) differs in {'; '.join(diff)}; {fix}")
+
+
+_RESHARDS = ("stages", "virtual", "dp", "sdp_keep", "cuts")  # a pipeline-full checkpoint loads across these
+
+
+def _check_pipeline(path: Path, old: dict, new: dict, fix: str) -> None:
+    """Pipeline to pipeline: any stage count, virtual or not, any ``dp``/``sdp_keep`` (names by block and cut);
+    the seed must match, and the codec settings unless no cut is kept (every codec then restarts)."""
+    a, b = old.get("pipeline", {}), new.get("pipeline", {})
+    codec = _tied_diff({k: v for k, v in a.items() if k not in _RESHARDS},
+                       {k: v for k, v in b.items() if k not in _RESHARDS}, "pipeline.")
+    kept = sorted(set(a.get("cuts", [])) & set(b.get("cuts", [])))
+    diff = _tied_diff({"seed": old.get("seed")}, {"seed": new.get("seed")}, "")
+    if codec and (kept or "cuts" not in a):
+        blocks = f"block{'s' if len(kept) > 1 else ''} {', '.join(map(str, kept))}"
+        where = f"the cut{'s' if len(kept) > 1 else ''} after {blocks}" if kept else "its cuts"
+        diff.append(f"{'; '.join(codec)} (another codec at {where}, which the new layout keeps)")
+    if diff:
+        raise ConfigError(f"{path} was written by {_describe(old)}, a layout its checkpoint is tied to in its seed "
+                          f"and codec (it loads into another stage count, virtual or not, or another pipeline.dp / "
+                          f"sdp_keep); this run ({_describe(new)}) differs in {'; '.join(diff)}; {fix}")

@@ -1,0 +1,69 @@
+"""What a worker knows about its place in the job: rank, world, device, run folder and process group.
+
+Every process group gets ``parallel.timeout_s``: without it a stopped or deadlocked worker hangs the
+whole job silently (gloo's default is 30 minutes); with it the waiting ranks fail and the launcher ends
+the run (see slimpar.train.launch.worker for the message).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from slimpar.config import Config
+
+
+@dataclass
+class RunContext:
+    rank: int
+    world: int
+    device: torch.device
+    out_dir: Path
+    group: dist.ProcessGroup | None  # the data-parallel WORLD group; None when single-process
+    timeout: timedelta | None = None  # bound on every collective; strategies pass it to the groups they create
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_context(cfg: Config, out_dir: Path) -> RunContext:
+    """Create the process group when the environment (torchrun or slimpar's launcher) defines one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cpu")
+    if cfg.parallel.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        _share_cores(world)
+    group = None
+    timeout = timedelta(seconds=cfg.parallel.timeout_s)
+    if world > 1 or cfg.parallel.mode not in ("single",):
+        if not dist.is_initialized() and "MASTER_ADDR" in os.environ:
+            backend = cfg.parallel.backend
+            if backend == "auto":
+                backend = "nccl" if device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
+                                    timeout=timeout)
+        if dist.is_initialized():
+            group = dist.group.WORLD
+    return RunContext(rank=rank, world=world, device=device, out_dir=out_dir, group=group, timeout=timeout)
+
+
+def _share_cores(world: int) -> None:
+    """Give each local CPU worker its share of the cores, unless the user chose a thread count.
+
+    An explicit ``OMP_NUM_THREADS`` always wins (torch reads it at start-up); without it, local workers
+    split ``os.cpu_count()`` instead of each starting a full-size pool and oversubscribing the machine.
+    """
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))

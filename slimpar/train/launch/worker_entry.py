@@ -1,0 +1,32 @@
+"""``python -m slimpar.train.launch.worker_entry CONFIG_JSON OUT_DIR``: one worker of slimpar's own launcher.
+
+The launcher starts each worker as this command, as torchrun starts a script, rather than as a spawned
+Python function: a spawned child imports torch (seconds) before any slimpar code runs, so a terminal's
+Ctrl-C in those seconds printed the traceback of an interrupted import. Here the first statement installs a
+start-up handler that ends the worker with exit 130 and no output (nothing is written before
+``worker_main``, which replaces it by the training handler), and only then is torch imported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def _interrupted_while_starting(signum, frame) -> None:
+    os._exit(130)  # nothing to clean up: no process group, no file written yet
+
+
+def main(argv: list[str]) -> None:
+    import json
+
+    from slimpar.train.launch.worker import worker_main
+
+    worker_main(json.loads(argv[1]), argv[2])
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    import sys
+
+    main(sys.argv)

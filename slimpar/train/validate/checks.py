@@ -1,0 +1,229 @@
+"""Start-up checks: every rule that can fail is checked here, before any process or group exists."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+from slimpar.config import Config, ConfigError, load_config
+from slimpar.config import check_choice as _choice
+from slimpar.train.sinks.trackers import check_trackers
+from slimpar.train.validate.limits import check_backend, check_memory_floor, check_writable
+from slimpar.train.validate.ranges import Range
+
+ARCHS = ("llama", "resnet18", "wrn18", "swin")
+MODES = ("single", "ddp", "fsdp", "sdp", "pipeline")
+
+
+def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
+                    training: bool = True) -> Config:
+    """Load a run config (defaults < TOML < overrides) and check every rule: what the CLI calls.
+    ``training=False`` (``slimpar plan``) skips the rules only a training run needs (the batch split)."""
+    cfg = load_config(path, overrides)
+    validate(cfg, training=training)
+    return cfg
+
+
+def _positive(where: str, value: float, zero_ok: bool = False) -> None:
+    if value < 0 or (value == 0 and not zero_ok):
+        raise ConfigError(f"{where} must be {'>= 0' if zero_ok else '> 0'}, got {value}")
+
+
+MAX_EVAL_BATCH = 1 << 16  # a validation batch above this would allocate for minutes before failing
+
+# Every numeric field of the config outside [sdp] and [pipeline] (those are in validate_sdp and
+# validate_pipeline); tests/unit/test_validate_numbers.py checks that no numeric field is missing.
+RANGES: dict[str, Range] = {
+    "model.vocab_size": Range(0, why="0 = take it from the tokenizer"),
+    "model.max_seq_len": Range(0, why="0 = the size's default"),
+    "model.n_kv_heads": Range(0, why="0 = the size's default"),
+    "model.n_layers": Range(0, why="0 = the size's default"),
+    "model.num_classes": Range(1), "model.in_channels": Range(1), "model.width": Range(1),
+    "model.embed_dim": Range(1),
+    "data.vocab_size": Range(0), "data.seq_len": Range(0, lo_open=True),
+    "data.heldout_works": Range(0, 41, why="of Shakespeare's 42 works held out for validation; one stays to train on"),
+    "train.steps": Range(0, lo_open=True), "train.batch_size": Range(0, lo_open=True),
+    "train.lr": Range(0, 1e6, lo_open=True, why="the peak learning rate; far above it fp32 weights overflow"),
+    "train.min_lr_ratio": Range(0, 1, why="the cosine decay ends at lr * min_lr_ratio"),
+    "train.warmup_steps": Range(0), "train.weight_decay": Range(0),
+    "train.beta1": Range(0, 1, hi_open=True, why="AdamW's first-moment decay"),
+    "train.beta2": Range(0, 1, hi_open=True, why="AdamW's second-moment decay"),
+    "train.grad_clip": Range(0, why="0 disables clipping"), "train.grad_accum": Range(1),
+    "train.seed": Range(0), "train.stop_after": Range(0, why="0 = run to train.steps"),
+    "train.skip_bad_steps": Range(0, why="0 = stop at the first non-finite loss"),
+    "parallel.workers": Range(1, 4096, why="a plan for 16,384 workers takes minutes"),
+    "parallel.timeout_s": Range(0, lo_open=True, why="seconds a collective waits"),
+    "eval.every": Range(-1, why="0 = auto, -1 = only at the end"), "eval.batches": Range(0, lo_open=True),
+    "eval.final_tokens": Range(0, why="0 = the same batches as every other evaluation"),
+    "eval.batch_size": Range(0, MAX_EVAL_BATCH, lo_open=True, why="sequences or images per validation batch"),
+    "checkpoint.every": Range(0, why="0 = only at the end"),
+    "checkpoint.keep_last": Range(0, why="0 = keep every checkpoint"),
+    "parallel.max_restarts": Range(0, 100, why="restarts of the whole job after a failed worker"),
+    "log.every": Range(0, lo_open=True), "log.measure_step": Range(0),
+}
+
+
+def all_ranges() -> dict[str, Range]:
+    """The rules of every numeric field, sections included (imported late: they pull in torch)."""
+    from slimpar.train.validate.pipeline import PIPELINE_RANGES
+    from slimpar.train.validate.sdp import SDP_RANGES
+
+    return {**RANGES, **SDP_RANGES, **PIPELINE_RANGES}
+
+
+def numeric_fields(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"section.key": value}`` for every int, float or list-of-numbers field in the config tree."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            out.update(numeric_fields(v, f"{prefix}{f.name}."))
+        elif (isinstance(v, (int, float)) and not isinstance(v, bool)) or isinstance(v, list):
+            out[f"{prefix}{f.name}"] = v
+    return out
+
+
+def _default_of(where: str) -> Any:
+    node: Any = Config()
+    for part in where.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _check_number(where: str, value: float, rule: Range | None) -> None:
+    """NaN and inf slip past every ``<`` comparison, so finiteness is checked before the range."""
+    default = _default_of(where)
+    example = f"--{where} {default} (the default)" if not isinstance(default, list) else f"--{where} 0.5,0.5"
+    if not math.isfinite(value):
+        raise ConfigError(f"{where} = {value} is not a finite number; set a finite value, e.g. {example}")
+    if rule is not None and not rule.contains(value):
+        why = f" ({rule.why})" if rule.why else ""
+        raise ConfigError(f"{where} must be {rule.describe()}, got {value}{why}; set e.g. {example}")
+
+
+def check_numbers(cfg: Config) -> None:
+    """Finiteness for every number in the tree and the range of every numeric field."""
+    rules = all_ranges()
+    for where, value in numeric_fields(cfg).items():
+        for v in value if isinstance(value, list) else [value]:
+            _check_number(where, v, rules.get(where))
+
+
+def validate(cfg: Config, *, training: bool = True) -> None:
+    """Raise ConfigError with a message that names the fix for the first problem found
+    (``training=False``: not the batch split over workers, which a plan does not depend on)."""
+    m, d, t, p = cfg.model, cfg.data, cfg.train, cfg.parallel
+    _choice("model.arch", m.arch, ARCHS)
+    _choice("parallel.mode", p.mode, MODES)
+    _choice("parallel.device", p.device, ("cpu", "cuda"))
+    _choice("parallel.backend", p.backend, ("auto", "gloo", "nccl"))
+    _choice("data.kind", d.kind, ("text", "images"))
+    _choice("train.dtype", t.dtype, ("fp32", "bf16"))
+    if p.workers < 1:
+        raise ConfigError(f"parallel.workers must be >= 1, got {p.workers}")
+    if p.device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < (1 if p.mode == "single" or cfg.pipeline.virtual else p.workers):
+            raise ConfigError(f"parallel.device = 'cuda' with {p.workers} worker(s) needs as many GPUs; "
+                              f"this machine has {torch.cuda.device_count()} (use --parallel.device cpu)")
+    if p.mode == "single" and p.workers != 1:
+        raise ConfigError("parallel.mode = 'single' runs one worker; set --parallel.mode ddp|fsdp|sdp for more")
+    check_numbers(cfg)
+    for where, v in [("train.steps", t.steps), ("train.batch_size", t.batch_size), ("train.lr", t.lr),
+                     ("train.grad_accum", t.grad_accum), ("data.seq_len", d.seq_len),
+                     ("eval.batches", cfg.eval.batches), ("eval.batch_size", cfg.eval.batch_size),
+                     ("log.every", cfg.log.every)]:
+        _positive(where, v)
+    for where, v in [("train.warmup_steps", t.warmup_steps), ("train.weight_decay", t.weight_decay),
+                     ("train.grad_clip", t.grad_clip), ("checkpoint.every", cfg.checkpoint.every),
+                     ("log.measure_step", cfg.log.measure_step)]:
+        _positive(where, v, zero_ok=True)
+    if t.dtype == "bf16" and p.device != "cuda":
+        raise ConfigError("train.dtype = 'bf16' autocast is for GPUs; use --parallel.device cuda or fp32")
+    if m.arch == "llama" and d.kind != "text":
+        raise ConfigError("model.arch = 'llama' needs data.kind = 'text'")
+    if m.arch != "llama" and d.kind != "images":
+        raise ConfigError(f"model.arch = {m.arch!r} needs data.kind = 'images'")
+    check_trackers(cfg)  # log.tensorboard, log.mlflow: their packages
+    check_backend(cfg)
+    if d.cache_dir:
+        check_writable(d.cache_dir, "data.cache_dir")
+    _validate_model(cfg)
+    _validate_data(cfg)
+    if training:
+        _validate_batch(cfg)
+        known = cfg.data.vocab_size if d.kind == "text" and d.tokenizer == "bpe" and d.corpus == "shakespeare" else None
+        check_memory_floor(cfg, known)
+    if p.mode == "sdp":
+        from slimpar.train.validate.sdp import validate_sdp
+
+        validate_sdp(cfg)
+    if p.mode == "pipeline":
+        from slimpar.train.validate.pipeline import validate_pipeline
+
+        validate_pipeline(cfg)
+
+
+def _validate_model(cfg: Config) -> None:
+    m = cfg.model
+    if m.init_from and m.arch != "llama":
+        raise ConfigError(f"model.init_from loads Hugging Face LLaMA folders; model.arch is {m.arch!r}")
+    if m.arch == "llama":
+        from slimpar.models.llama import LlamaConfig
+        from slimpar.train.build import llama_config
+
+        _choice("model.size", m.size, tuple(LlamaConfig.SIZES))
+        # the tokenizer's size where it is known before any data is read (a BPE trained to data.vocab_size)
+        known = cfg.data.vocab_size if cfg.data.tokenizer == "bpe" and cfg.data.corpus == "shakespeare" else None
+        lc = llama_config(cfg, vocab_size=known if m.init_from else None)
+        if cfg.data.seq_len > lc.max_seq_len:
+            raise ConfigError(
+                f"data.seq_len = {cfg.data.seq_len} is longer than the model's context "
+                f"({lc.max_seq_len}); lower --data.seq_len or raise --model.max_seq_len")
+        if lc.n_heads % lc.n_kv_heads:
+            raise ConfigError(f"model.n_kv_heads = {lc.n_kv_heads} must divide the {lc.n_heads} heads")
+
+
+def _validate_data(cfg: Config) -> None:
+    d = cfg.data
+    if d.kind == "text":
+        _check_corpus(d.corpus)
+        _choice("data.tokenizer", d.tokenizer, ("bpe", "gpt2"))
+        _choice("data.ood", d.ood, ("wikipedia", "none"))
+        if d.vocab_size < 300 and d.tokenizer == "bpe":
+            raise ConfigError(f"data.vocab_size must be >= 300 for a byte-level BPE, got {d.vocab_size}")
+        if d.corpus == "path" and not d.path:
+            raise ConfigError("data.corpus = 'path' needs --data.path FILE_OR_FOLDER")
+    else:
+        _choice("data.image_set", d.image_set, ("fashion_mnist", "cifar10", "cifar100", "digits"))
+        if d.image_set.startswith("cifar") and not d.image_dir:
+            raise ConfigError(f"data.image_set = {d.image_set!r} needs --data.image_dir with CIFAR's "
+                              "python-pickle batches (e.g. cifar-10-batches-py)")
+    from slimpar.data.sources import check_available
+
+    check_available(cfg)
+
+
+def _check_corpus(corpus: str) -> None:
+    """A corpus that is not a known name is most often the user's own file given in the wrong field."""
+    if corpus in ("shakespeare", "path"):
+        return
+    looks_like_path = any(c in corpus for c in "/\\.~") or Path(corpus).expanduser().exists()
+    path = shlex.quote(corpus) if looks_like_path else "FILE_OR_FOLDER"
+    raise ConfigError(f"data.corpus = {corpus!r} is not one of: shakespeare, path; for your own text file, folder "
+                      f"of .txt files or .npy/.bin tokens use --data.corpus path --data.path {path}")
+
+
+def _validate_batch(cfg: Config) -> None:
+    t, p = cfg.train, cfg.parallel
+    dp = p.workers if p.mode in ("ddp", "fsdp", "sdp", "single") else p.workers // max(cfg.pipeline.stages, 1)
+    if p.mode == "sdp" and cfg.sdp.fsdp > 1:
+        dp = p.workers  # every rank reads its own data; FSDP shards only the parameters
+    if t.batch_size % (max(dp, 1) * t.grad_accum):
+        raise ConfigError(
+            f"train.batch_size = {t.batch_size} must be divisible by data-parallel workers ({dp}) "
+            f"x train.grad_accum ({t.grad_accum})")
