@@ -24,6 +24,7 @@ def test_docs_snippet_runs_under_torchrun(tmp_path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "terminate called" not in proc.stderr, proc.stderr[-3000:]  # it ends cleanly (a barrier, then destroy)
     out = proc.stdout
     step_losses = [float(v) for v in re.findall(r"step \d: loss ([0-9.]+)", out)]
     assert len(step_losses) == 3 and step_losses[-1] < step_losses[0]

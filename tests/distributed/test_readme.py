@@ -1,17 +1,30 @@
-"""README snippets run as written, and CI runs exactly the README's test command."""
+"""README snippets run as written and end cleanly, and CI runs exactly the README's test command."""
 
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.helpers import ROOT
 
 README = (ROOT / "README.md").read_text()
 
 
-def _python_blocks() -> dict[str, str]:
-    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+def _python_blocks(text: str) -> dict[str, str]:
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     return {b.splitlines()[0]: b for b in blocks}
+
+
+def _torchrun(code: str, name: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run a snippet as its first line says (torchrun, 2 processes); it must exit 0 without a C++ abort: a rank
+    that tears down its process group while a peer still talks to it ends in "terminate called" (rc 1)."""
+    script = tmp_path / name
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "terminate called" not in proc.stderr, proc.stderr[-4000:]
+    return proc
 
 
 def test_quick_start_has_exactly_two_commands_and_ci_runs_the_second():
@@ -21,22 +34,27 @@ def test_quick_start_has_exactly_two_commands_and_ci_runs_the_second():
     assert commands[1] in (ROOT / ".ci" / "run").read_text()
 
 
+def test_every_snippet_that_destroys_its_group_passes_a_barrier_first():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    ends = 0
+    for page in pages:
+        for code in _python_blocks(page.read_text()).values():
+            lines = [ln.split("#")[0].strip() for ln in code.splitlines()]
+            for i, line in enumerate(lines):
+                if line == "dist.destroy_process_group()":
+                    ends += 1
+                    assert i > 0 and lines[i - 1] == "dist.barrier()", (page.name, code.splitlines()[0])
+    assert ends >= 3  # the SDP and Hugging Face SDP snippets, and docs/pipeline.md's
+
+
 def test_sdp_snippet_runs_under_torchrun(tmp_path):
-    (name, code), = [(k, v) for k, v in _python_blocks().items() if k.startswith("# sdp_example.py")]
-    script = tmp_path / "sdp_example.py"
-    script.write_text(code)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    (code,) = [v for k, v in _python_blocks(README).items() if k.startswith("# sdp_example.py")]
+    proc = _torchrun(code, "sdp_example.py", tmp_path)
     assert "spectral gap" in proc.stdout
 
 
 def test_hf_sdp_snippet_runs_under_torchrun(tmp_path):
-    (code,) = [v for k, v in _python_blocks().items() if "hf_sdp_example.py" in k]
-    script = tmp_path / "hf_sdp_example.py"
-    script.write_text(code)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    (code,) = [v for k, v in _python_blocks(README).items() if "hf_sdp_example.py" in k]
+    proc = _torchrun(code, "hf_sdp_example.py", tmp_path)
     diff = float(re.search(r"after save/load: ([0-9.e+-]+)", proc.stdout).group(1))
     assert diff == 0.0
