@@ -314,12 +314,13 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
     b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock", "memory", "readme"],
-                   help="readme: write README.md's measured sections from the committed docs/results (no --out)")
+                   help="readme: write the measured blocks of README.md and docs/results from the committed results "
+                        "(no --out)")
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
     b.add_argument("--out", default=None, help="folder for results.json, report.md and plots (required, except "
                    "for readme)")
     b.add_argument("--check", action="store_true",
-                   help="readme: compare README.md with what the results give, write nothing; exit 1 if they differ")
+                   help="readme: compare those pages with what the results give, write nothing; exit 1 if they differ")
     b.add_argument("--steps", type=int, default=None,
                    help="training steps per row of the full benchmark (default: sdp/mapl 100, quality 2000)")
     b.add_argument("--rows", default="", help="comma-separated groups, rows (name or group/name) or runs "

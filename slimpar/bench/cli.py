@@ -1,6 +1,6 @@
 """``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR``, ``slimpar bench plans --out DIR``,
 ``slimpar bench memory --out DIR`` (the paper's memory table, predicted) and ``slimpar bench readme [--check]``
-(README.md's measured sections from the committed results)."""
+(the measured blocks of README.md and docs/results from the committed results)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
         raise ConfigError(f"slimpar bench takes no overrides, got {' '.join(rest)}")
     if args.which == "readme":
         if args.out:
-            raise ConfigError("slimpar bench readme writes README.md from docs/results; it takes no --out")
+            raise ConfigError("slimpar bench readme writes the measured blocks of README.md and docs/results "
+                              "from docs/results; it takes no --out")
         from slimpar.bench.readme import readme_command
 
         return readme_command(args.check)

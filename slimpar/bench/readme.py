@@ -1,218 +1,115 @@
-"""``slimpar bench readme``: README.md's measured sections, written from the committed results files.
+"""``slimpar bench readme``: the measured blocks of README.md and of the results pages, written from the committed
+results files.
 
-Every measured section of README.md sits between two marker lines::
+Every measured block of a page in :data:`PAGES` sits between two marker lines::
 
     <!-- generated NAME: slimpar bench readme writes this block from docs/readme/NAME.md -->
     ...
     <!-- end generated NAME -->
 
-and is the rendering of its template ``docs/readme/NAME.md``. A template is Markdown with placeholders that
-read ``docs/results/SOURCE/results.json``:
-
-- ``{{measured:SOURCE}}``: the commit and date the source's rows ran at, and a warning when they ran at more
-  than one commit;
-- ``{{table:SOURCE:WHICH}}``: a table (``readme_tables.TABLES``);
-- ``{{v:SOURCE:KEY:FIELD:FORMAT}}``: one number, field ``FIELD`` (dots go into nested records) of the line
-  ``KEY`` (``group/row``, or ``row`` where a source has one group), written as ``FORMAT`` (:func:`format_value`).
-
-So a figure in the README is never typed by hand: it changes only when a results file does. ``--check``
-renders every block and compares it with README.md instead of writing (exit 1, naming the blocks that
-differ); ``tests/unit/test_readme_generated.py`` runs that check.
+and is the rendering of its template ``docs/readme/NAME.md`` (placeholders: bench/readme_render.py). So a figure
+on these pages is never typed by hand: it changes only when a results file does. Templates write their links
+from the repository root, and each page gets them relative to its own folder, so one template reads the same
+wherever its block lands. ``--check`` renders every block and compares it with the pages instead of writing
+(exit 1, naming the pages and blocks that differ); ``tests/unit/test_readme_generated.py`` runs that check.
 """
 
 from __future__ import annotations
 
-import json
+import posixpath
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from slimpar.bench.report import pm
+from slimpar.bench.readme_render import ReadmeError, Source, format_value, load_source, render  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
+# the pages that hold generated blocks, from the repository root: the user's page and the results pages
+PAGES = ("README.md", "docs/results/README.md", "docs/results/quality-tuned.md",
+         "docs/results/quality-one-rate.md", "docs/results/efficiency.md")
 BEGIN = "<!-- generated {name}: slimpar bench readme writes this block from docs/readme/{name}.md -->"
 END = "<!-- end generated {name} -->"
 _BLOCK = re.compile(r"<!-- generated (?P<name>[\w-]+): .*? -->\n(?P<body>.*?)<!-- end generated (?P=name) -->\n",
                     re.S)
-_PLACEHOLDER = re.compile(r"\{\{(?P<kind>measured|table|v):(?P<args>[^}]*)\}\}")
+_LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 
 
-class ReadmeError(ValueError):
-    """A template names a source, line, field or format that does not exist."""
+def blocks(page: str) -> dict[str, str]:
+    """The generated blocks of a page's text: name -> body."""
+    return {m["name"]: m["body"] for m in _BLOCK.finditer(page)}
 
 
-@dataclass
-class Source:
-    """One results file: its lines by key, the commits its rows ran at, and the date it was written."""
-
-    name: str
-    lines: dict[str, dict]
-    commits: list[str]
-    date: str
-    data: dict
-
-    def line(self, key: str) -> dict:
-        if key not in self.lines:
-            raise ReadmeError(f"docs/results/{self.name}/results.json has no line {key!r}; "
-                              f"it has {sorted(self.lines)}")
-        return self.lines[key]
-
-
-def _keyed(lines: list[dict], key: Callable[[dict], str]) -> dict[str, dict]:
-    return {key(ln): ln for ln in lines}
-
-
-def _group_row(ln: dict) -> str:
-    return f"{ln['group']}/{ln['row']}"
-
-
-def load_source(name: str, results: Path) -> Source:
-    """Read ``results/NAME/results.json`` into a :class:`Source`."""
-    from slimpar.bench.report import run_commits
-
-    path = results / name / "results.json"
-    if not path.exists() and (results / name / "summary.json").exists():  # one run's summary.json
-        summary = json.loads((results / name / "summary.json").read_text())
-        return Source(name, {"run": summary}, [summary["git_commit"]], summary["measured"], summary)
-    if not path.exists():
-        raise ReadmeError(f"{path} does not exist: run the benchmark that writes it (see docs/readme)")
-    data = json.loads(path.read_text())
-    if name == "memory":  # slimpar bench memory: predictions, one commit
-        lines = _keyed(data["rows"], lambda r: f"{r['size']}/{r['mode']}")
-        for ln in lines.values():  # the worst worker's peak against DDP's at the same size
-            ln["vs_ddp"] = ln["worst"]["peak_live"] / lines[f"{ln['size']}/DDP"]["worst"]["peak_live"]
-        return Source(name, lines, [data["commit"]], data["date"], data)
-    if name == "wallclock":
-        lines = _keyed(data["lines"], lambda r: f"{r['row']}@{r['rate_mbit']:g}")
-        for ln in lines.values():  # step time against the family's reference at the same rate
-            ref = lines.get(f"{'DDP' if ln['family'] == 'sdp' else 'none'}@{ln['rate_mbit']:g}")
-            ln["vs_reference"] = ln["step_time_s"] / ref["step_time_s"] if ref else None
-        lines.update({f"fit/{row}": fit for row, fit in data["fits"].items()})
-        return Source(name, lines, [data["meta"]["git_commit"]], data["meta"]["date"], data)
-    runs = data.get("runs", []) + data.get("timing_runs", [])
-    commits = run_commits(runs) or [data["meta"]["git_commit"]]
-    lines = _keyed(data["lines"], _group_row)
-    if len({ln["group"] for ln in data["lines"]}) == 1:  # one group: rows are also known by name alone
-        lines.update(_keyed(data["lines"], lambda ln: ln["row"]))
-    return Source(name, lines, commits, data["meta"]["date"], data)
-
-
-def measured_line(src: Source) -> str:
-    """'Measured at commit `abc1234`, 2026-12-02 ([results](docs/results/x/results.json)).' (+ mixed warning)."""
-    file = "results.json" if "run" not in src.lines else "summary.json"
-    link = f"[docs/results/{src.name}](docs/results/{src.name}/{file})"
-    if len(src.commits) == 1:
-        return f"*Measured at commit `{src.commits[0][:7]}`, {src.date[:10]} ({link}).*"
-    names = ", ".join(f"`{c[:7]}`" for c in src.commits)
-    return (f"*Written {src.date[:10]} from runs at {len(src.commits)} different commits ({names}; {link}): "
-            "rows measured at different commits may differ by the changes between them.*")
-
-
-# FORMAT = a kind and a number of decimals: f2 -> 0.60, pct1 -> +9.6% (a fraction), chg0 -> -40% (a ratio
-# minus one), pm3 -> 3.570 ± 0.026 and pmpct1 -> +9.6% ± 0.7 (FIELD and FIELD_std: mean ± std over seeds);
-# mib, mb (10^6 bytes, 2 decimals), gb and int take no decimals
-FORMATS = ("f", "pct", "chg", "pm", "pmpct", "mib", "mb", "gb", "int")
-_FORMAT = re.compile(r"(?P<kind>[a-z]+?)(?P<digits>[0-4]?)")
-
-
-def format_value(ln: dict, field: str, spec: str) -> str:
-    """One number of line ``ln`` as ``spec`` says (see FORMATS)."""
-    m = _FORMAT.fullmatch(spec)
-    if not m or m["kind"] not in FORMATS or (m["kind"] in ("mib", "mb", "gb", "int")) == bool(m["digits"]):
-        raise ReadmeError(f"format {spec!r}: one of f/pct/chg/pm/pmpct followed by 0-4 decimals, or mib, mb, gb, int")
-    kind, d = m["kind"], int(m["digits"] or 0)
-    if kind in ("pm", "pmpct"):
-        return pm(ln.get(field), ln.get(f"{field}_std"), d, kind == "pmpct")
-    v = _get(ln, field)
-    return {"f": lambda: f"{v:.{d}f}", "pct": lambda: f"{100 * v:+.{d}f}%", "chg": lambda: f"{100 * (v - 1):+.{d}f}%",
-            "mib": lambda: f"{v / 2**20:.1f} MiB", "mb": lambda: f"{v / 1e6:.2f} MB", "gb": lambda: f"{v / 1e9:.1f} GB",
-            "int": lambda: f"{round(v):,}"}[kind]()
-
-
-def _get(ln: dict, field: str):
-    value = ln
-    for part in field.split("."):
-        if not isinstance(value, dict) or part not in value:
-            raise ReadmeError(f"no field {field!r} in line {ln.get('row', ln.get('mode', '?'))!r}")
-        value = value[part]
-    if value is None:
-        raise ReadmeError(f"field {field!r} of line {ln.get('row', '?')!r} is empty in the results")
-    return value
-
-
-def render(template: str, sources: dict[str, Source]) -> str:
-    """Fill one template's placeholders from ``sources``."""
-    from slimpar.bench.readme_tables import TABLES
+def relink(text: str, page: str) -> str:
+    """Rewrite the links of rendered Markdown, written from the repository root, relative to ``page``'s folder
+    (web addresses and in-page anchors stay as they are)."""
+    folder = posixpath.dirname(page) or "."
 
     def one(m: re.Match) -> str:
-        kind, args = m["kind"], m["args"].split(":")
-        src = sources.get(args[0])
-        if src is None:
-            raise ReadmeError(f"unknown results source {args[0]!r} in {m[0]}; known: {sorted(sources)}")
-        if kind == "measured":
-            return measured_line(src)
-        if kind == "table":
-            table = TABLES.get(f"{args[0]}:{args[1]}") if len(args) == 2 else None
-            if table is None:
-                raise ReadmeError(f"unknown table {m[0]}; known: {sorted(TABLES)}")
-            return table(src)
-        if len(args) != 4:
-            raise ReadmeError(f"{m[0]}: write {{{{v:SOURCE:KEY:FIELD:FORMAT}}}}")
-        return format_value(src.line(args[1]), args[2], args[3])
+        target = m["target"]
+        if target.startswith(("#", "/", "mailto:")) or "://" in target:
+            return m[0]
+        path, hash_, anchor = target.partition("#")
+        return f"]({posixpath.relpath(path, folder)}{hash_}{anchor})"
 
-    return _PLACEHOLDER.sub(one, template)
+    return _LINK.sub(one, text)
 
 
 def _has_source(results: Path, name: str) -> bool:
     return (results / name / "results.json").exists() or (results / name / "summary.json").exists()
 
 
-def blocks(readme: str) -> dict[str, str]:
-    """The generated blocks of a README: name -> body."""
-    return {m["name"]: m["body"] for m in _BLOCK.finditer(readme)}
+class _Sources(dict):
+    """Results files by name, each loaded the first time a template names it (and once for all pages)."""
+
+    def __init__(self, results: Path):
+        super().__init__()
+        self.results = results
+
+    def get(self, key, default=None):
+        if key not in self and _has_source(self.results, key):
+            self[key] = load_source(key, self.results)
+        return super().get(key, default)
 
 
-def regenerate(root: Path = ROOT) -> tuple[str, str]:
-    """README.md as it is, and as the templates and results make it."""
-    readme = (root / "README.md").read_text()
-    names = list(blocks(readme))
-    if not names:
-        raise ReadmeError("README.md has no generated blocks (<!-- generated NAME: ... -->)")
-    cache: dict[str, Source] = {}
-    results = root / "docs" / "results"
+def regenerate(root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    """Each page of :data:`PAGES`: its text as it is, and as the templates and results make it."""
+    sources: dict[str, Source] = _Sources(root / "docs" / "results")
+    pages = {}
+    for page in PAGES:
+        text = (root / page).read_text()
+        if not blocks(text):
+            raise ReadmeError(f"{page} has no generated blocks (<!-- generated NAME: ... -->)")
 
-    class _Lazy(dict):  # load a results file the first time a template names it
-        def get(self, key, default=None):
-            if key not in cache and _has_source(results, key):
-                cache[key] = load_source(key, results)
-            return cache.get(key, default)
+        def fill(m: re.Match, page: str = page) -> str:
+            name = m["name"]
+            template = (root / "docs" / "readme" / f"{name}.md").read_text()
+            body = relink(render(template, sources), page)
+            return f"{BEGIN.format(name=name)}\n{body}{END.format(name=name)}\n"
 
-    sources = _Lazy()
-
-    def fill(m: re.Match) -> str:
-        name = m["name"]
-        template = (root / "docs" / "readme" / f"{name}.md").read_text()
-        return f"{BEGIN.format(name=name)}\n{render(template, sources)}{END.format(name=name)}\n"
-
-    return readme, _BLOCK.sub(fill, readme)
+        pages[page] = (text, _BLOCK.sub(fill, text))
+    return pages
 
 
 def readme_command(check: bool, root: Path = ROOT) -> int:
-    """Write README.md's generated blocks, or (``check``) say which differ from their templates."""
+    """Write the pages' generated blocks, or (``check``) say which differ from their templates."""
     try:
-        old, new = regenerate(root)
+        pages = regenerate(root)
     except (ReadmeError, FileNotFoundError) as e:
         print(f"slimpar bench readme: {e}")
         return 2
+    stale = {page: [n for n, body in blocks(old).items() if blocks(new).get(n) != body]
+             for page, (old, new) in pages.items()}
+    stale = {page: names for page, names in stale.items() if names}
+    count = sum(len(blocks(new)) for _, new in pages.values())
     if check:
-        stale = [n for n, body in blocks(old).items() if blocks(new).get(n) != body]
+        for page, names in stale.items():
+            print(f"{page} is out of date with docs/results in {len(names)} block(s): {', '.join(names)}.")
         if stale:
-            print(f"README.md is out of date with docs/results in {len(stale)} block(s): {', '.join(stale)}. "
-                  "Run `slimpar bench readme` and commit README.md.")
+            print("Run `slimpar bench readme` and commit the pages it writes.")
             return 1
-        print(f"README.md's {len(blocks(old))} generated blocks match docs/results.")
+        print(f"The {count} generated blocks of {len(pages)} pages match docs/results.")
         return 0
-    (root / "README.md").write_text(new)
-    print(f"README.md: {len(blocks(new))} generated blocks written from docs/readme and docs/results.")
+    for page, (_, new) in pages.items():
+        (root / page).write_text(new)
+    print(f"{count} generated blocks on {len(pages)} pages written from docs/readme and docs/results; "
+          f"changed: {', '.join(stale) or 'none'}.")
     return 0

@@ -1,4 +1,5 @@
-"""README snippets run as written and end cleanly, and CI runs exactly the README's test command."""
+"""The snippets of README.md and docs/huggingface.md run as written and end cleanly, and CI runs exactly the README's
+test command."""
 
 import re
 import subprocess
@@ -44,7 +45,7 @@ def test_every_snippet_that_destroys_its_group_passes_a_barrier_first():
                 if line == "dist.destroy_process_group()":
                     ends += 1
                     assert i > 0 and lines[i - 1] == "dist.barrier()", (page.name, code.splitlines()[0])
-    assert ends >= 3  # the SDP and Hugging Face SDP snippets, and docs/pipeline.md's
+    assert ends >= 3  # the README's SDP snippet, docs/huggingface.md's and docs/pipeline.md's
 
 
 def test_sdp_snippet_runs_under_torchrun(tmp_path):
@@ -54,7 +55,8 @@ def test_sdp_snippet_runs_under_torchrun(tmp_path):
 
 
 def test_hf_sdp_snippet_runs_under_torchrun(tmp_path):
-    (code,) = [v for k, v in _python_blocks(README).items() if "hf_sdp_example.py" in k]
+    hf = (ROOT / "docs" / "huggingface.md").read_text()
+    (code,) = [v for k, v in _python_blocks(hf).items() if "hf_sdp_example.py" in k]
     proc = _torchrun(code, "hf_sdp_example.py", tmp_path)
     diff = float(re.search(r"after save/load: ([0-9.e+-]+)", proc.stdout).group(1))
     assert diff == 0.0
