@@ -38,3 +38,11 @@ def test_the_first_screen_links_the_quick_start_and_the_integrations():
     first = README.split("## What `slimpar train` does", 1)[0]
     assert "## Quick start" in first and "(docs/integrations.md)" in first
     assert len(first.splitlines()) <= 25  # what a user sees before scrolling
+
+
+def test_the_architecture_page_names_every_room_of_train_and_bench():
+    arch = (ROOT / "docs" / "architecture.md").read_text()
+    rooms = [p.parent for top in ("train", "bench") for p in (ROOT / "slimpar" / top).glob("*/__init__.py")]
+    assert len(rooms) >= 8
+    for room in [*rooms, ROOT / "slimpar" / "commands"]:
+        assert f"{room.name}/" in arch, room.relative_to(ROOT)
