@@ -45,13 +45,22 @@ def test_every_snippet_that_destroys_its_group_passes_a_barrier_first():
                 if line == "dist.destroy_process_group()":
                     ends += 1
                     assert i > 0 and lines[i - 1] == "dist.barrier()", (page.name, code.splitlines()[0])
-    assert ends >= 3  # the README's SDP snippet, docs/huggingface.md's and docs/pipeline.md's
+    assert ends >= 4  # the README's SDP and MAPL snippets, docs/huggingface.md's and docs/pipeline.md's
 
 
 def test_sdp_snippet_runs_under_torchrun(tmp_path):
     (code,) = [v for k, v in _python_blocks(README).items() if k.startswith("# sdp_example.py")]
     proc = _torchrun(code, "sdp_example.py", tmp_path)
     assert "spectral gap" in proc.stdout
+
+
+def test_mapl_snippet_runs_under_torchrun_and_sends_what_the_readme_says(tmp_path):
+    (code,) = [v for k, v in _python_blocks(README).items() if k.startswith("# mapl_example.py")]
+    proc = _torchrun(code, "mapl_example.py", tmp_path)
+    payload = 2 * 2 * 32 * 16 * 4  # microbatches × 2 sequences × 32 tokens × rank 16 × fp32, each step
+    a_grad = 64 * 16 + 64 * 4  # A's gradient part: int8 (d × r) and a float32 scale per row
+    assert f"{payload:,} payload bytes a step" in README and f"{a_grad:,} bytes of A's" in README
+    assert f"rank 0 sent {3 * (payload + a_grad)} bytes in 3 steps" in proc.stdout, proc.stdout
 
 
 def test_hf_sdp_snippet_runs_under_torchrun(tmp_path):
