@@ -5,6 +5,9 @@ A Trainer user turns SDP on with one import and one argument (docs/integrations.
     from slimpar.integrations.hf import SDPArguments, SDPTrainer
     trainer = SDPTrainer(model=model, args=args, train_dataset=train, sdp=SDPArguments(keep=0.5))
 
+or hands it a model already wrapped in ``slimpar.SubnetworkDataParallel`` (then it cannot resume: the model is
+cut before Trainer could load a checkpoint into it).
+
 Launched with ``torchrun``, Trainer would wrap the model in DDP, which fails for SDP (the ranks hold
 different parameters). ``SDPTrainer`` changes the steps of Trainer's loop that SDP changes, and nothing else:
 
@@ -50,12 +53,19 @@ class SDPTrainer(Trainer):
         if kwargs.get("optimizers", (None, None))[0] is not None:
             raise ValueError("SDPTrainer creates the optimizer after cutting each rank's subnetwork; pass "
                              "optimizer_cls_and_kwargs=(cls, kwargs) instead of optimizers=(optimizer, ...)")
+        wrapped = kwargs.get("model", args[0] if args else None)
+        if isinstance(wrapped, SubnetworkDataParallel):  # cut by the caller: Trainer gets the subnetwork itself
+            if "model" in kwargs:
+                kwargs["model"] = wrapped.module
+            else:
+                args = (wrapped.module, *args[1:])
         super().__init__(*args, **kwargs)
         if self.args.load_best_model_at_end:
             raise ValueError("SDPTrainer does not support load_best_model_at_end (a checkpoint holds the full "
                              "model, which the cut subnetwork cannot load in place)")
         self.sdp_args = sdp if sdp is not None else SDPArguments()
-        self.sdp: SubnetworkDataParallel | None = None  # set at the cut
+        # set at the cut; a model the caller wrapped is cut already (it cannot resume from a checkpoint then)
+        self.sdp: SubnetworkDataParallel | None = wrapped if isinstance(wrapped, SubnetworkDataParallel) else None
         self._full: nn.Module | None = None  # the gathered full model, until the next optimizer step
         self._steps = 0
 

@@ -82,6 +82,7 @@ def _both(runs, *keys):
 
 
 def test_trainer_keep_one_equals_trainer_ddp(runs):
+    """SDPTrainer given a model wrapped in slimpar.SubnetworkDataParallel (keep 1) against Trainer's own DDP."""
     ddp, sdp = _both(runs, "trainer", "ddp", "loss"), _both(runs, "trainer", "sdp1", "loss")
     assert len(ddp) == len(sdp) == STEPS
     assert max(abs(a - b) for a, b in zip(sdp, ddp, strict=True)) <= 1e-5

@@ -24,6 +24,8 @@ from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmu
 
 from slimpar.integrations.common import SDPArguments, wrap_model
 from slimpar.integrations.hf import SDPTrainer
+from slimpar.sdp import plan_blocks
+from slimpar.sdp.wrapper import SubnetworkDataParallel
 from tests.distributed.scripts.integration_common import WORLD, Rows, max_diff, row, run_config, shares
 
 WORK, HF = Path(sys.argv[1]), sys.argv[2]
@@ -57,10 +59,15 @@ def trainer_args(name: str, **kw) -> TrainingArguments:
     return TrainingArguments(**(settings | kw))
 
 
-def run_trainer(name: str, sdp: SDPArguments | None = None, resume: str | None = None, **kw):
+def run_trainer(name: str, sdp: SDPArguments | None = None, resume: str | None = None, wrapped: bool = False, **kw):
+    """Trainer (``sdp`` None), or SDPTrainer given the full model and ``sdp``, or (``wrapped``) given the model the
+    user wrapped in slimpar.SubnetworkDataParallel, as the issue's Trainer user did."""
     log = Log()
-    common = dict(model=LlamaForCausalLM.from_pretrained(HF), args=trainer_args(name, **kw), train_dataset=Rows(ROWS),
-                  eval_dataset=Rows(ROWS[:8]), callbacks=[log])
+    model = LlamaForCausalLM.from_pretrained(HF)
+    if wrapped:
+        model = SubnetworkDataParallel(model, plan_blocks(model, WORLD, sdp.keep))
+    common = dict(model=model, args=trainer_args(name, **kw), train_dataset=Rows(ROWS), eval_dataset=Rows(ROWS[:8]),
+                  callbacks=[log])
     trainer = Trainer(**common) if sdp is None else SDPTrainer(**common, sdp=sdp)
     trainer.train(resume_from_checkpoint=resume)
     return trainer, log
@@ -69,7 +76,7 @@ def run_trainer(name: str, sdp: SDPArguments | None = None, resume: str | None =
 def trainer_results() -> dict:
     out = {}
     _, out["ddp"] = run_trainer("ddp")
-    _, out["sdp1"] = run_trainer("sdp1", SDPArguments(keep=1.0, check_every=1))
+    _, out["sdp1"] = run_trainer("sdp1", SDPArguments(keep=1.0, check_every=1), wrapped=True)
     # keep 0.5 with checkpoints at steps 3 and 5 and a mid-run evaluation, then resumed from step 3
     half, out["sdp05"] = run_trainer("sdp05", SDPArguments(keep=0.5, check_every=1), save_strategy="steps",
                                      save_steps=3, eval_strategy="steps", eval_steps=2)
