@@ -83,7 +83,11 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 disables clipping
     grad_accum: int = 1  # micro-batches accumulated per step (gradient sync only on the last)
     activation_checkpointing: bool = False  # recompute each block's activations in backward
-    dtype: str = "fp32"  # fp32 | bf16 (autocast, GPU only)
+    compile: bool = False  # torch.compile every block (after activation checkpointing, before FSDP2 or SDP's sync)
+    compile_backend: str = "inductor"  # inductor | aot_eager | eager (the last two check graph capture only)
+    # bf16: autocast around every training forward (CPU or GPU, every mode; pipeline codecs and SPEL stay fp32),
+    # parameters, gradients and optimizer state stay fp32; FSDP2 also gathers bf16 parameters and reduces in fp32
+    dtype: str = "fp32"  # fp32 | bf16
     seed: int = 0  # seeds init, data order and masks
     stop_after: int = 0  # end this invocation (with a checkpoint) after this step; 0 = run to train.steps
     skip_bad_steps: int = 0  # skip up to N steps whose loss or gradient norm is NaN/inf (no update), then stop
@@ -129,6 +133,8 @@ class SDPConfig:
     # by holder counts: equal to the sequential virtual run to rounding (not bit for bit), at about keep x a full
     # step's cost; LLaMA only (no BatchNorm), backward regime with refresh_every = 1; full-model checkpoints
     virtual_batched: bool = False  # sdp.virtual: all N workers on ONE model copy in one batched pass (sdp.batched)
+    # dtype of the holder-group gradient sums: fp32 (bf16 gradients too are summed in fp32); bf16 halves the bytes
+    reduce_dtype: str = "fp32"  # fp32 | bf16
 
 
 @dataclass

@@ -138,13 +138,14 @@ class CodebookSender:
         version = self.rvq.version
         if self._snapshot is None or (self.full_every and step % self.full_every == 0):
             msg = self._full(table, version)
+        elif version == self._sent_version:  # nothing changed: no diff, so no wait for the device
+            empty = table[:0]
+            msg = SyncMessage(version, version, "none", torch.zeros(0, dtype=torch.int64, device=table.device),
+                              empty.clone(), table.shape[0])
         else:
             diff = (table.view(torch.int32) != self._snapshot.view(torch.int32)).any(1)  # (Q·K,)
-            rows = diff.nonzero().squeeze(1)
-            if version == self._sent_version and rows.numel():
-                raise RuntimeError("codebook rows changed without a version bump")
-            kind = "none" if version == self._sent_version else "delta"
-            msg = SyncMessage(version, self._sent_version, kind, rows, table[rows].clone(), table.shape[0])
+            rows = diff.nonzero().squeeze(1)  # the one wait for the device: the delta's length
+            msg = SyncMessage(version, self._sent_version, "delta", rows, table[rows].clone(), table.shape[0])
             self._snapshot[rows] = table[rows]
         self._sent_version = version
         self.bytes_sent += msg.nbytes()

@@ -9,14 +9,14 @@ returns x̂ with a straight-through gradient (identity to x) and the commitment 
 
 Codebook learning, on the sender only, in training mode:
 - k-means initialisation (Lloyd, ``kmeans_iters`` iterations) of level 0 on the first training batch,
-  then of level q on the residuals left by levels < q; starting centroids are drawn by a
-  ``torch.Generator`` seeded from (seed, step, level), so a fixed seed gives a fixed codebook.
+  then of level q on the residuals left by levels < q; starting centroids are drawn by
+  :func:`seeded_rows`, a pure function of (seed, step, level), so a fixed seed gives a fixed codebook.
 - EMA (VQ-VAE style, without Laplace smoothing): with n_k the batch count and s_k the batch sum of the
   residuals assigned to code k, N_k ← γ N_k + (1−γ) n_k, S_k ← γ S_k + (1−γ) s_k, and C_k ← S_k / N_k
   *for codes used in the batch only*. An unused code keeps its vector (S_k / N_k is unchanged by the
   common decay), so a batch changes only the rows it touched and deltas stay sparse.
 - Dead codes: an unused code whose EMA count falls below ``dead_threshold`` × (mean EMA count) is
-  replaced by a random residual of the batch (a seeded generator picks them) and given the mean count.
+  replaced by a random residual of the batch (:func:`seeded_rows` picks them) and given the mean count.
   The default 1.0 re-seeds every unused code below the mean at once. Boundary codes drift far from
   their step-0 k-means start while the model learns; with 0.01 a stranded code waited ~460 steps
   (decay 0.99, 512 tokens a step), and the last boundary of a 4-stage pipeline collapsed to 1-2 codes
@@ -40,6 +40,11 @@ Why not vector-quantize-pytorch: its codebook synchronisation (EMA statistics, k
 sampling) all-reduces / broadcasts on the WORLD group by default, while a pipeline boundary needs
 sender-side-only EMA plus an explicit, versioned, byte-counted stream to a single receiver. This module
 contains no torch.distributed; keep its buffers in float32.
+
+Device and compiler friendliness: the forward never reads a tensor value on the host and creates no
+``torch.Generator`` (either would stop a compiled forward and, on a GPU, wait for the device): random rows
+come from an integer hash computed on the tensors' device, and EMA / dead-code updates select with
+``torch.where`` instead of boolean indexing.
 """
 
 from __future__ import annotations
@@ -51,7 +56,29 @@ from torch import nn
 
 from slimpar.codecs.quant import straight_through
 
-_POOL_PURPOSE = 1000  # generator stream offset for dead-code candidate sampling
+_POOL_PURPOSE = 1000  # stream offset of dead-code candidate sampling
+_MASK32 = 0xFFFFFFFF
+# odd multipliers below 2**31 (lowbias32-style rounds): with x < 2**32 every product stays under 2**63 in int64
+_HASH_MULTIPLIERS = (0x7FEB352D, 0x2C1B3C6D)
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of int64 values in [0, 2**32), in int64 arithmetic that cannot overflow."""
+    for c in _HASH_MULTIPLIERS:
+        x = x ^ (x >> 16)
+        x = (x * c) & _MASK32
+    return x ^ (x >> 16)
+
+
+def seeded_rows(n: int, k: int, key: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """k indices into range(n), a pure function of (n, k, key), computed on ``device``: for n >= k the first
+    k of the permutation that sorts hashed positions (distinct rows), else k hashed draws with repetition.
+    The same on every device (integer arithmetic), with no ``torch.Generator``."""
+    i = torch.arange(max(n, k, 1), device=device, dtype=torch.int64)  # (max(n, k),)
+    h = _hash32((_hash32(i) + (key & _MASK32)) & _MASK32)
+    if n >= k:
+        return torch.argsort(h[:n], stable=True)[:k]
+    return torch.remainder(h[:k], max(n, 1))
 
 
 def nearest_code(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
@@ -73,21 +100,23 @@ def decode_indices(codebooks: torch.Tensor, indices: torch.Tensor) -> torch.Tens
     return out.reshape(*indices.shape[:-1], dim)
 
 
-def kmeans(x: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """Lloyd's k-means on x (N, D); starting centroids are k rows of x drawn with ``generator``.
+def code_counts(assign: torch.Tensor, k: int) -> torch.Tensor:
+    """How many rows chose each of k codes, float32 (k,): ``bincount`` with a shape known before the data
+    (bincount's output length depends on the largest index; counts are exact integers up to 2**24)."""
+    ones = torch.ones(assign.shape, dtype=torch.float32, device=assign.device)
+    return torch.zeros(k, dtype=torch.float32, device=assign.device).index_add_(0, assign, ones)
+
+
+def kmeans(x: torch.Tensor, k: int, iters: int, key: int) -> tuple[torch.Tensor, ...]:
+    """Lloyd's k-means on x (N, D); starting centroids are k rows of x drawn by :func:`seeded_rows` (``key``).
 
     Returns (centroids (k, D), counts (k,), sums (k, D)) where counts/sums describe the last assignment
     and each non-empty centroid is its cluster mean; an empty cluster keeps its previous centroid.
     """
-    n = x.shape[0]
-    if n >= k:
-        start = torch.randperm(n, generator=generator)[:k]
-    else:
-        start = torch.randint(n, (k,), generator=generator)
-    centroids = x[start.to(x.device)].clone()  # (k, D)
+    centroids = x[seeded_rows(x.shape[0], k, key, x.device)].clone()  # (k, D)
     for _ in range(iters):
         assign = nearest_code(x, centroids)  # (N,)
-        counts = torch.bincount(assign, minlength=k).float()  # (k,)
+        counts = code_counts(assign, k)  # (k,)
         sums = torch.zeros_like(centroids).index_add_(0, assign, x)  # (k, D)
         nonempty = counts > 0
         centroids = torch.where(nonempty[:, None], sums / counts.clamp_min(1.0)[:, None], centroids)
@@ -172,7 +201,7 @@ class ResidualVQ(nn.Module):
         residual = x.detach().reshape(-1, self.dim).float().clone()  # (N, D)
         for q in range(self.levels):
             centroids, counts, sums = kmeans(
-                residual, self.codebook_size, self.kmeans_iters, self._generator(q)
+                residual, self.codebook_size, self.kmeans_iters, self._key(q)
             )
             self.codebooks[q].copy_(centroids)
             self.cluster_size[q].copy_(counts)
@@ -192,17 +221,17 @@ class ResidualVQ(nn.Module):
 
     @torch.no_grad()
     def apply_pending_update(self) -> bool:
-        """Apply the pending window's EMA update and dead-code replacement; True if rows changed."""
+        """Apply the pending window's EMA update and dead-code replacement; True (a new version) when there was
+        a window. Every window of at least one vector uses a code, so it changes rows: the version is bumped
+        without reading the changed mask on the host."""
         if not self.pending_forwards:
             return False
         changed = torch.zeros_like(self.changed)  # (Q, K)
         for q in range(self.levels):
             changed[q] = self._ema_level(q, self.pending_forwards)
         self.pending_forwards = 0
-        if bool(changed.any()):
-            self._mark_changed(changed)
-            return True
-        return False
+        self._mark_changed(changed)
+        return True
 
     @property
     def has_pending(self) -> bool:
@@ -259,13 +288,11 @@ class ResidualVQ(nn.Module):
         if not self.pending_forwards:  # the first forward of a window
             self.pending_counts[q].zero_()
             self.pending_sums[q].zero_()
-        self.pending_counts[q].add_(torch.bincount(assign, minlength=k).float())
+        self.pending_counts[q].add_(code_counts(assign, k))
         self.pending_sums[q].index_add_(0, assign, residual)
         if n == 0:
             return
-        gen = self._generator(_POOL_PURPOSE + q)
-        pick = torch.randperm(n, generator=gen)[:k] if n >= k else torch.randint(n, (k,), generator=gen)
-        self.pending_pool[q].copy_(residual[pick.to(residual.device)])
+        self.pending_pool[q].copy_(residual[seeded_rows(n, k, self._key(_POOL_PURPOSE + q), residual.device)])
 
     def _ema_level(self, q: int, n: int) -> torch.Tensor:
         """EMA step of level q over a window of n forwards, then dead-code replacement; (K,) changed."""
@@ -274,24 +301,21 @@ class ResidualVQ(nn.Module):
         weight = (1.0 - decay) / n
         size = self.cluster_size[q].mul_(decay).add_(counts, alpha=weight)  # (K,)
         sums = self.embed_sum[q].mul_(decay).add_(self.pending_sums[q], alpha=weight)  # (K, D)
-        used = counts > 0
-        self.codebooks[q][used] = sums[used] / size[used].clamp_min(self.eps)[:, None]
+        used = counts > 0  # (K,)
+        book = torch.where(used[:, None], sums / size.clamp_min(self.eps)[:, None], self.codebooks[q])  # (K, D)
         mean_size = size.sum() / self.codebook_size
-        dead = ~used & (size < self.dead_threshold * mean_size)
-        rows = dead.nonzero().squeeze(1)  # (n_dead,)
-        if rows.numel():
-            fresh = self.pending_pool[q][: rows.numel()]  # the pool is already in random order
-            self.codebooks[q][rows] = fresh
-            self.cluster_size[q][rows] = mean_size
-            self.embed_sum[q][rows] = fresh * mean_size
+        dead = ~used & (size < self.dead_threshold * mean_size)  # (K,)
+        # the j-th dead row (in row order) takes the pool's j-th candidate: the pool is already in random order
+        fresh = self.pending_pool[q][(torch.cumsum(dead, 0) - 1).clamp_min(0)]  # (K, D)
+        self.codebooks[q].copy_(torch.where(dead[:, None], fresh, book))
+        self.embed_sum[q].copy_(torch.where(dead[:, None], fresh * mean_size, sums))
+        self.cluster_size[q].copy_(torch.where(dead, mean_size, size))
         return used | dead
 
     def _mark_changed(self, mask: torch.Tensor) -> None:
         self.changed.copy_(mask)
         self.version += 1
 
-    def _generator(self, purpose: int) -> torch.Generator:
-        """CPU generator seeded by (seed, steps, purpose): randomness is a pure function of them."""
-        g = torch.Generator()
-        g.manual_seed(((self.seed * 1_000_003 + self.steps) * 65_537 + purpose) % (1 << 63))
-        return g
+    def _key(self, purpose: int) -> int:
+        """The sampling key of (seed, steps, purpose): randomness is a pure function of them."""
+        return ((self.seed * 1_000_003 + self.steps) * 65_537 + purpose) % (1 << 32)

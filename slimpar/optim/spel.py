@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.optim.adamw import adamw
 
-from slimpar.codecs.stiefel import BACKENDS, DEFAULT_POLAR_STEPS, msign, orth_error, tangent_project
+from slimpar.codecs.stiefel import BACKENDS, DEFAULT_POLAR_STEPS, msign, orth_error_tensor, pinned_fp32, tangent_project
 
 # ξ counts as zero when ‖ξ‖_F ≤ TANGENT_RTOL·‖M‖_F: at that level the tangent part is fp32 rounding
 # and ‖AᵀA − I‖ noise, and msign would turn the noise into a full-length (‖D‖₂ = 1) step.
@@ -71,51 +72,22 @@ def spel_step(
     ``TANGENT_RTOL`` — only the momentum moves. The result is a deterministic function of the
     values of (A, grad, momentum_buf) and the hyperparameters — whatever their memory layouts — so
     ranks sharing A apply bit-identical updates (same torch build, BLAS and thread count assumed).
+    Runs at full fp32 matmul precision whatever autocast or TF32 setting the caller has on
+    (:func:`~slimpar.codecs.stiefel.pinned_fp32`), and never waits for the device: the near-zero test
+    selects on the device (``torch.where``) instead of branching on the host.
     """
     if A.ndim != 2 or A.shape[0] < A.shape[1]:
         raise ValueError(f"SPEL needs A of shape (d, r) with d >= r, got {tuple(A.shape)}")
-    momentum_buf.mul_(beta).add_(grad.to(momentum_buf.dtype), alpha=1.0 - beta)
-    # Contiguous copies: BLAS picks different kernels (and roundings) for different memory layouts,
-    # so normalising the layout makes the result a function of the values alone.
-    M = momentum_buf.to(torch.float32).contiguous()  # (d, r)
-    A32 = A.to(torch.float32).contiguous()  # (d, r)
-    xi = tangent_project(A32, M)  # (d, r)
-    if float(torch.linalg.matrix_norm(xi)) <= TANGENT_RTOL * float(torch.linalg.matrix_norm(M)):
-        return
-    D = msign(xi, backend=backend, steps=polar_steps)  # (d, r), singular values ≈ 1
-    A.copy_(msign(A32 - lr * D, backend=backend, steps=polar_steps))
-
-
-@torch.no_grad()
-def adamw_step(
-    p: Tensor,
-    grad: Tensor,
-    state: dict[str, Any],
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-    weight_decay: float,
-) -> None:
-    """One AdamW update (Loshchilov & Hutter), the same arithmetic as ``torch.optim.AdamW``.
-
-    p ← p(1 − η λ);  m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²;
-    p ← p − (η / (1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε).
-    """
-    if not state:
-        state["step"] = torch.tensor(0.0, dtype=torch.float32)
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-    beta1, beta2 = betas
-    state["step"] += 1
-    step = float(state["step"].item())
-    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-    p.mul_(1 - lr * weight_decay)
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    step_size = lr / (1 - beta1**step)
-    bias_correction2_sqrt = math.sqrt(1 - beta2**step)
-    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-    p.addcdiv_(exp_avg, denom, value=-step_size)
+    with pinned_fp32(A.device.type):
+        momentum_buf.mul_(beta).add_(grad.to(momentum_buf.dtype), alpha=1.0 - beta)
+        # Contiguous copies: BLAS picks different kernels (and roundings) for different memory layouts,
+        # so normalising the layout makes the result a function of the values alone.
+        M = momentum_buf.to(torch.float32).contiguous()  # (d, r)
+        A32 = A.to(torch.float32).contiguous()  # (d, r)
+        xi = tangent_project(A32, M)  # (d, r)
+        moves = torch.linalg.matrix_norm(xi) > TANGENT_RTOL * torch.linalg.matrix_norm(M)  # 0-d bool
+        D = msign(xi, backend=backend, steps=polar_steps)  # (d, r), singular values ≈ 1
+        A.copy_(torch.where(moves, msign(A32 - lr * D, backend=backend, steps=polar_steps), A32))
 
 
 class SPELAdamW(Optimizer):
@@ -154,7 +126,7 @@ class SPELAdamW(Optimizer):
             polar_steps=polar_steps,
             manifold=None,
         )
-        self.last_orth_error = 0.0
+        self._last_orth: Tensor | None = None
         self.last_spel_seconds = 0.0
         super().__init__(params, defaults)
 
@@ -175,17 +147,31 @@ class SPELAdamW(Optimizer):
             if group["manifold"] != "stiefel":
                 self._adamw_group(group)
         self.last_spel_seconds = self._timed_spel(stiefel)
-        errors = [orth_error(p) for g in stiefel for p in g["params"]]
-        self.last_orth_error = max(errors, default=0.0)
         return loss
 
     def _adamw_group(self, group: dict[str, Any]) -> None:
+        """torch's own AdamW arithmetic on the whole group at once (``foreach``: one kernel per operation over
+        the group's tensors instead of a Python loop per parameter; state keys as ``torch.optim.AdamW``'s)."""
+        params, grads, avgs, avg_sqs, steps = [], [], [], [], []
         for p in group["params"]:
             if p.grad is None:
                 continue
             if p.grad.is_sparse:
                 raise RuntimeError("SPELAdamW does not support sparse gradients")
-            adamw_step(p, p.grad, self.state[p], group["lr"], group["betas"], group["eps"], group["weight_decay"])
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            params.append(p)
+            grads.append(p.grad)
+            avgs.append(state["exp_avg"])
+            avg_sqs.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+        if params:
+            beta1, beta2 = group["betas"]
+            adamw(params, grads, avgs, avg_sqs, [], steps, foreach=_foreach_ok(params), amsgrad=False, beta1=beta1,
+                  beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
 
     def _timed_spel(self, groups: list[dict[str, Any]]) -> float:
         start = time.perf_counter()
@@ -194,23 +180,48 @@ class SPELAdamW(Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if "momentum" not in state:
-                    state["momentum"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-                spel_step(
-                    p,
-                    p.grad,
-                    state["momentum"],
-                    group["lr"],
-                    group["momentum"],
-                    group["backend"],
-                    group["polar_steps"],
-                )
+                A = self._fp32_copy(p)
+                spel_step(A, p.grad, self.state[p]["momentum"], group["lr"], group["momentum"], group["backend"],
+                          group["polar_steps"])
+                if A is not p:
+                    p.copy_(A)
                 devices.add(p.device)
+        # every Stiefel parameter, frozen ones too (a frozen A must stay orthogonal as well)
+        errors = [orth_error_tensor(self.state[p].get("master", p)) for g in groups for p in g["params"]]
+        self._last_orth = torch.stack([e.to(errors[0].device) for e in errors]).max() if errors else None
         for device in devices:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         return time.perf_counter() - start
+
+    def _fp32_copy(self, p: Tensor) -> Tensor:
+        """The fp32 A that SPEL steps: ``p`` itself, or for a low-precision ``p`` (bf16 parameters) an fp32
+        master copy kept in the state (a bf16 A is orthogonal only to about 1e-2), cast into ``p`` after."""
+        state = self.state[p]
+        if "momentum" not in state:
+            state["momentum"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        if p.dtype == torch.float32:
+            return p
+        if "master" not in state:
+            state["master"] = p.detach().to(torch.float32).clone()
+        return state["master"]
+
+    @property
+    def last_orth_error(self) -> float:
+        """max over the Stiefel parameters stepped last of ‖AᵀA − I‖_F (their fp32 masters where kept); reading
+        it waits for the device."""
+        return float(self._last_orth) if self._last_orth is not None else 0.0
+
+    @property
+    def last_orth_tensor(self) -> Tensor | None:
+        """The same as a 0-d device tensor (None before any SPEL step), without waiting for the device."""
+        return self._last_orth
+
+
+def _foreach_ok(params: list[Tensor]) -> bool:
+    """Whether torch's foreach kernels take these tensors: one device type and plain or DTensor parameters
+    (foreach groups them by device and dtype itself)."""
+    return len({p.device.type for p in params}) == 1
 
 
 def _validate_group(group: dict[str, Any]) -> None:

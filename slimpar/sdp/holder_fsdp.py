@@ -22,13 +22,15 @@ import torch.distributed as dist
 from torch import nn
 
 from slimpar.parallel.groups import GroupFactory
+from slimpar.parallel.precision import fsdp_kwargs
 from slimpar.sdp.plan import Plan
 
 
 def shard_over_holders(model: nn.Module, plan: Plan, rank: int, device: torch.device,
-                       timeout: timedelta | None = None, group: dist.ProcessGroup | None = None) -> None:
+                       timeout: timedelta | None = None, group: dist.ProcessGroup | None = None,
+                       mp_policy=None) -> None:
     """FSDP2-shard each held block over its holder group (worker ``rank`` of the SDP ``group``, default the
-    world); ``timeout`` bounds those groups' collectives."""
+    world); ``timeout`` bounds those groups' collectives; ``mp_policy``: FSDP2's ``MixedPrecisionPolicy``."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -44,12 +46,12 @@ def shard_over_holders(model: nn.Module, plan: Plan, rank: int, device: torch.de
         block = model.get_submodule(comp.name)
         holders = plan.holders(c)
         if len(holders) > 1:
-            fully_shard(block, mesh=meshes[holders])
+            fully_shard(block, mesh=meshes[holders], **fsdp_kwargs(mp_policy))
             sharded.append((holders, block))
         else:
             ignored.update(block.parameters())
     world = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device.type)
-    fully_shard(model, mesh=world, ignored_params=ignored or None)
+    fully_shard(model, mesh=world, ignored_params=ignored or None, **fsdp_kwargs(mp_policy))
     _prefetch_within_groups(model, sharded)
 
 

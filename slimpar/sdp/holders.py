@@ -59,11 +59,13 @@ class HolderSync:
             enters its bucket divided by M.
         fsdp_does_averaging: holder-sharded FSDP2 (:mod:`slimpar.sdp.holder_fsdp`) averages in its own
             reduce-scatter: no gradient sync here, and every element lives on exactly one shard.
+        reduce_dtype: dtype of the holder sums (default fp32, whatever the parameters' dtype; None: theirs).
     """
 
     def __init__(self, workers: dict[int, tuple[nn.Module, Subnet]], plan: Plan, comm, regime: str = "forward",
                  bucket_mb: float = 25.0, overlap: bool = True, refresh_every: int = 1,
-                 fsdp_does_averaging: bool = False, accumulations: int = 1):
+                 fsdp_does_averaging: bool = False, accumulations: int = 1,
+                 reduce_dtype: torch.dtype | None = torch.float32):
         self.plan, self.comm, self.regime, self.refresh_every = plan, comm, regime, refresh_every
         self.modules = {w: m for w, (m, _) in workers.items()}
         self.subs = {w: sub for w, (_, sub) in workers.items()}
@@ -77,7 +79,8 @@ class HolderSync:
         if not fsdp_does_averaging and plan.world_size > 1:
             by_worker = {w: self._pieces_by_set(sub) for w, sub in self.subs.items()}
             self.grad_sync = GradSync(make_buckets(by_worker, int(bucket_mb * 2**20)), comm, overlap=overlap,
-                                      accumulations=accumulations, divide_by=accumulations)
+                                      accumulations=accumulations, divide_by=accumulations,
+                                      reduce_dtype=reduce_dtype)
 
     def _pieces_by_set(self, sub: Subnet) -> dict[tuple[int, ...], list[Piece]]:
         """A worker's pieces by holder set, in the canonical order every holder shares (backward visits late

@@ -86,11 +86,18 @@ class GradSync:
     ``accumulations`` = M: a gradient is final after M backward accumulations (a pipeline schedule's M
     micro-batches), and ``divide_by`` = M divides it when it enters its bucket, the mean over micro-batches
     that the schedule's own ``scale_grads`` would take later, after the all-reduce had been launched.
+
+    ``reduce_dtype``: the dtype of the bucket buffers, so of the holder sums (None: the parameters' own;
+    float64 parameters, as in reference tests, always sum in float64). fp32 by default in
+    :class:`~slimpar.sdp.holders.HolderSync`: bf16 parameters would otherwise sum k gradients in bf16. Where it
+    differs from a parameter's dtype the averaged values are cast back into its gradient (no view of the
+    bucket), as FSDP2's ``reduce_dtype`` does.
     """
 
     def __init__(self, buckets: list[Bucket], comm, overlap: bool = True, accumulations: int = 1,
-                 divide_by: int = 1):
+                 divide_by: int = 1, reduce_dtype: torch.dtype | None = None):
         self.buckets, self.comm = buckets, comm
+        self.reduce_dtype = reduce_dtype
         self.overlap = overlap
         self.accumulations, self.divide_by = accumulations, divide_by
         self._seen: dict[int, int] = {}
@@ -142,7 +149,7 @@ class GradSync:
 
     def _launch(self, b: Bucket) -> None:
         for w, pieces in b.pieces.items():
-            b.bufs[w] = _pack(pieces, b.numel)
+            b.bufs[w] = _pack(pieces, b.numel, self.reduce_dtype)
             if self.divide_by != 1:
                 b.bufs[w].div_(self.divide_by)
         b.work = self.comm.all_reduce(b.key, b.bufs, async_op=True)
@@ -167,10 +174,12 @@ class GradSync:
             h.remove()
 
 
-def _pack(pieces: list[Piece], numel: int) -> torch.Tensor:
-    """One worker's gradients of a bucket in one flat buffer; whole parameters take a view of it as their
-    gradient (autograd's copy is freed at launch)."""
-    buf = torch.empty(numel, dtype=pieces[0].param.dtype, device=pieces[0].param.device)
+def _pack(pieces: list[Piece], numel: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One worker's gradients of a bucket in one flat buffer of ``dtype`` (default: the parameters'); whole
+    parameters of that dtype take a view of it as their gradient (autograd's copy is freed at launch)."""
+    own = pieces[0].param.dtype
+    buf = torch.empty(numel, dtype=own if dtype is None or own == torch.float64 else dtype,
+                      device=pieces[0].param.device)
     offset = 0
     for p in pieces:
         dst = buf[offset:offset + p.numel]
@@ -180,7 +189,7 @@ def _pack(pieces: list[Piece], numel: int) -> torch.Tensor:
         else:
             g = local(g)
             dst.view(p.view(g).shape).copy_(p.view(g))
-        if p.dim is None and not hasattr(p.param, "to_local") and p.param.requires_grad:
+        if _grad_is_view(p, buf):
             p.param.grad = dst.view_as(p.param)
         offset += p.numel
     return buf
@@ -191,12 +200,18 @@ def _unpack(pieces: list[Piece], buf: torch.Tensor) -> None:
     offset = 0
     for p in pieces:
         src = buf[offset:offset + p.numel]
-        if (p.dim is not None or hasattr(p.param, "to_local")) and p.param.requires_grad:
+        if not _grad_is_view(p, buf) and p.param.requires_grad:
             if p.param.grad is None:
                 p.param.grad = torch.zeros_like(p.param)
             g = local(p.param.grad)
             p.view(g).copy_(src.view(p.view(g).shape))
         offset += p.numel
+
+
+def _grad_is_view(p: Piece, buf: torch.Tensor) -> bool:
+    """Whether the piece's gradient is a view of the bucket: a whole, plain parameter of the bucket's dtype."""
+    return (p.dim is None and not hasattr(p.param, "to_local") and p.param.requires_grad
+            and p.param.dtype == buf.dtype)
 
 
 def make_buckets(pieces_by_worker: dict[int, dict[tuple[int, ...], list[Piece]]], cap_bytes: int) -> list[Bucket]:

@@ -51,12 +51,15 @@ class SubnetworkDataParallel(nn.Module):
         bucket_mb: bucket size for gradient all-reduces; ``overlap``: launch them during backward.
         refresh_every: backward regime: refresh non-held blocks every T steps.
         timeout: bound on every collective of the holder groups.
+        reduce_dtype: dtype of the holder-group gradient sums (default fp32, also for bf16 parameters;
+            None: the parameters' own dtype).
     """
 
     def __init__(self, module: nn.Module, plan: Plan, regime: str = "forward",
                  group: dist.ProcessGroup | None = None, bucket_mb: float = 25.0, refresh_every: int = 1,
                  overlap: bool = True, subnet: Subnet | None = None, fsdp: int = 1,
-                 fsdp_does_averaging: bool = False, timeout: timedelta | None = None):
+                 fsdp_does_averaging: bool = False, timeout: timedelta | None = None,
+                 reduce_dtype: torch.dtype | None = torch.float32):
         super().__init__()
         if group is None and dist.is_initialized():
             group = dist.group.WORLD
@@ -77,7 +80,8 @@ class SubnetworkDataParallel(nn.Module):
         comm = (GroupComm(holder_sets(plan, regime), plan.world_size, group, fsdp, timeout)
                 if group is not None else LocalComm(1))
         self.holders = HolderSync({self.rank: (module, subnet)}, plan, comm, regime, bucket_mb,
-                                  overlap and fsdp == 1, refresh_every, fsdp_does_averaging)
+                                  overlap and fsdp == 1, refresh_every, fsdp_does_averaging,
+                                  reduce_dtype=reduce_dtype)
 
     @property
     def grad_sync(self):

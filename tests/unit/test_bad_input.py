@@ -143,7 +143,6 @@ CLI_CASES: list[tuple[str, list[str], str | tuple[str, ...]]] = [
     ("config-without-value", ["train", "--config"], ("--config", "expected one argument")),
     ("bad-mode", ["train", "--config", T, "--parallel.mode", "turbo"], ("parallel.mode", "not one of")),
     ("single-with-2-workers", ["train", "--config", T, "--parallel.workers", "2"], ("single", "--parallel.mode")),
-    ("bf16-on-cpu", ["train", "--config", T, "--train.dtype", "bf16"], ("bf16", "--parallel.device cuda")),
     ("too-many-gpus", ["train", "--config", T, "--parallel.mode", "ddp", "--parallel.workers", "64",
                        "--parallel.device", "cuda"], ("cuda", "GPUs")),
     ("bad-backend", ["train", "--config", T, "--parallel.backend", "mpi"], ("parallel.backend", "not one of")),

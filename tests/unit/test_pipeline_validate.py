@@ -40,7 +40,6 @@ BAD = {
     "virtual with workers": (["--pipeline.virtual", "true"], "set --parallel.workers 1"),
     "1f1b too few microbatches": (["--parallel.workers", "4", "--pipeline.stages", "4", "--pipeline.microbatches",
                                    "2"], "needs pipeline.microbatches >= pipeline.stages"),
-    "bf16 autocast": (["--parallel.device", "cuda", "--train.dtype", "bf16"], "pipelines train in fp32"),
     "gradient accumulation": (["--train.grad_accum", "2"], "set --train.grad_accum 1"),
     "unknown codec": (["--pipeline.codec", "fp8"], "pipeline.codec = 'fp8' is not one of"),
     "not a llama": (["--model.arch", "resnet18", "--data.kind", "images"], "splits LLaMA models"),

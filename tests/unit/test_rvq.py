@@ -194,5 +194,8 @@ def _codes_in_use_after_drift(**kwargs) -> int:
 
 
 def test_drifting_codes_keep_the_codebook_in_use():
-    assert _codes_in_use_after_drift() == 64  # the default re-seeds unused codes below the mean count
+    # the default re-seeds unused codes below the mean count. How many of the 64 the last batch happens to hit
+    # depends on the random candidate stream: 62-64 over seeds 0-5, with the earlier torch.Generator stream and
+    # with today's hashed one alike
+    assert _codes_in_use_after_drift() >= 62
     assert _codes_in_use_after_drift(dead_threshold=0.01) == 1  # the earlier default: collapse to one code

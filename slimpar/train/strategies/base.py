@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slimpar.parallel.precision import fsdp_kwargs
 from slimpar.train.build import build_optimizer, loss_fn
 
 BatchFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, micro-batch) -> (inputs, targets)
@@ -163,7 +164,8 @@ class DDPStrategy(Strategy):
 
 
 class FSDPStrategy(Strategy):
-    """FSDP2: ``fully_shard`` on every block, then on the root (torchtitan's order)."""
+    """FSDP2: ``fully_shard`` on every block, then on the root (torchtitan's order); with ``train.dtype`` bf16,
+    a ``MixedPrecisionPolicy`` that gathers bf16 parameters and reduce-scatters gradients in fp32."""
 
     name = "fsdp"
     eval_sharded = False  # FSDP2's forward all-gathers: every rank must run every batch
@@ -172,9 +174,10 @@ class FSDPStrategy(Strategy):
         super().__init__(model, group, cfg)
         from torch.distributed.fsdp import fully_shard
 
+        kw = fsdp_kwargs(mixed_precision_policy(cfg))
         for block in blocks.values():
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, **kw)
+        fully_shard(model, mesh=mesh, **kw)
         self.module = model
 
     @contextlib.contextmanager
@@ -195,12 +198,25 @@ class FSDPStrategy(Strategy):
         return get_model_state_dict(self.module, options=opts)
 
 
+def mixed_precision_policy(cfg):
+    """FSDP2's policy for ``train.dtype`` bf16 (bf16 parameters in forward and backward, fp32 gradient
+    reduction and fp32 sharded parameters for the optimizer), or None for fp32."""
+    if cfg is None or cfg.train.dtype != "bf16":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
 def build_plain_strategy(cfg, model: nn.Module, ctx) -> Strategy:
     """``parallel.mode`` single, ddp or fsdp: activation checkpointing, then torch's wrapper."""
     from slimpar.parallel.ac import apply_ac, model_blocks
+    from slimpar.parallel.compile import apply_compile
 
     if cfg.train.activation_checkpointing:
         apply_ac(model_blocks(model))
+    if cfg.train.compile:
+        apply_compile(model_blocks(model), cfg.train.compile_backend)
     model.to(ctx.device)
     if cfg.parallel.mode == "ddp":
         return DDPStrategy(model, ctx.group, cfg)

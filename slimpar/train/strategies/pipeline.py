@@ -47,13 +47,20 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 def build_run_stages(cfg, model, which: list[int]) -> list:
     """Stage modules ``which`` of the run's pipeline (codecs from the config), as training builds them."""
     from slimpar.parallel.ac import apply_ac
+    from slimpar.parallel.compile import apply_compile
+    from slimpar.parallel.precision import DTYPES, autocast_forward
 
     specs = codec_specs(cfg, model.cfg.dim, model.cfg.vocab_size)
     ssn_rank = specs[0].rank if specs and specs[0].codec.token_table else 0  # SSN reparametrises the whole model
     stages = build_stages(model, cfg.pipeline.stages, which, specs, ssn_rank)
-    if cfg.train.activation_checkpointing:
-        for s in stages:
+    for s in stages:
+        if cfg.train.activation_checkpointing:
             apply_ac(s.model.layers)
+        if cfg.train.compile:
+            apply_compile(s.model.layers, cfg.train.compile_backend)
+    if cfg.train.dtype == "bf16":  # the schedule calls the stage: autocast its blocks, keep its codecs in fp32
+        for s in stages:
+            autocast_forward(s.model, cfg.parallel.device, DTYPES["bf16"])
     return stages
 
 
@@ -179,7 +186,8 @@ class PipelineStrategy(PipelineStrategyBase):
         t = torch.tensor([value if last else 0.0, 1.0 if last else 0.0, self.counter.step_bytes("fwd"),
                           self.counter.step_bytes("bwd")], dtype=torch.float64, device=self.ctx.device)
         dist.all_reduce(t, group=self.groups.world)
-        orth = torch.tensor([self.last_orth], dtype=torch.float64, device=self.ctx.device)
+        orth = (self._orth.reshape(1).to(self.ctx.device).clone() if self._orth is not None  # no wait for the device
+                else torch.zeros(1, dtype=torch.float64, device=self.ctx.device))
         dist.all_reduce(orth, op=dist.ReduceOp.MAX, group=self.groups.world)
         r = self.layout.replicas
         self._stats = {"pp_bytes_fwd": t[2].item() / r, "pp_bytes_bwd": t[3].item() / r,

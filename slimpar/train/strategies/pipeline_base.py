@@ -44,7 +44,7 @@ class PipelineStrategyBase(Strategy, abc.ABC):
         self.dp_rank, self.dp_world = replica, replicas
         self.counter = ByteCounter()
         self.optimizer: SPELAdamW | None = None
-        self.max_orth = self.last_orth = 0.0
+        self._orth = self._max_orth = None  # ‖AᵀA − I‖ as 0-d device tensors: read only when reported
         self.spel_seconds = self.step_seconds = 0.0
         self._t0 = time.perf_counter()
         self._stats: dict = {}
@@ -113,8 +113,18 @@ class PipelineStrategyBase(Strategy, abc.ABC):
         self.step_seconds += time.perf_counter() - self._t0
         if self.optimizer is not None:
             self.spel_seconds += self.optimizer.last_spel_seconds
-            self.last_orth = self.optimizer.last_orth_error
-            self.max_orth = max(self.max_orth, self.last_orth)
+            self._orth = self.optimizer.last_orth_tensor
+            if self._orth is not None:
+                self._max_orth = self._orth if self._max_orth is None else torch.maximum(self._max_orth, self._orth)
+
+    @property
+    def last_orth(self) -> float:
+        """‖AᵀA − I‖_F of the last step (max over this rank's projectors); reading it waits for the device."""
+        return float(self._orth) if self._orth is not None else 0.0
+
+    @property
+    def max_orth(self) -> float:
+        return float(self._max_orth) if self._max_orth is not None else 0.0
 
     # -- clipping ---------------------------------------------------------------------------------
     def _owned(self) -> list[nn.Parameter]:

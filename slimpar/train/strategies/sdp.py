@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 from slimpar.parallel.ac import apply_ac, model_blocks
-from slimpar.train.strategies.base import Strategy
+from slimpar.parallel.compile import apply_compile
+from slimpar.parallel.precision import DTYPES, fsdp_kwargs
+from slimpar.train.strategies.base import Strategy, mixed_precision_policy
 from slimpar.train.strategies.sdp_plan import (
     BN_AUTO_BATCHES,
     bn_batches,
@@ -44,7 +46,8 @@ class SDPStrategy(Strategy):
         return self.ctx.world // self.cfg.sdp.fsdp
 
     def _wrap(self, model: nn.Module):
-        """Fixed order, applied from outside: subnetwork -> activation checkpointing -> FSDP2 -> holder sync."""
+        """Fixed order, applied from outside: subnetwork -> activation checkpointing -> compile -> FSDP2 -> holder
+        sync."""
         from slimpar.sdp.apply import apply_subnet
         from slimpar.sdp.wrapper import SubnetworkDataParallel
 
@@ -56,16 +59,20 @@ class SDPStrategy(Strategy):
         sub = apply_subnet(model, self.plan, ctx.rank // f, regime=cfg.sdp.regime)
         if cfg.train.activation_checkpointing:
             apply_ac(model_blocks(model))
+        if cfg.train.compile:
+            apply_compile(model_blocks(model), cfg.train.compile_backend)
         model.to(ctx.device)
         if cfg.sdp.holder_shard:
             from slimpar.sdp.holder_fsdp import shard_over_holders
 
-            shard_over_holders(model, self.plan, ctx.rank, ctx.device, ctx.timeout, ctx.group)
+            shard_over_holders(model, self.plan, ctx.rank, ctx.device, ctx.timeout, ctx.group,
+                               mp_policy=mixed_precision_policy(cfg))
         if f > 1:
-            _shard_within_workers(model, ctx, f)
+            _shard_within_workers(model, ctx, f, mixed_precision_policy(cfg))
         return SubnetworkDataParallel(model, self.plan, regime=cfg.sdp.regime, group=ctx.group,
                                       refresh_every=cfg.sdp.refresh_every, subnet=sub, fsdp=f,
-                                      fsdp_does_averaging=cfg.sdp.holder_shard, timeout=ctx.timeout)
+                                      fsdp_does_averaging=cfg.sdp.holder_shard, timeout=ctx.timeout,
+                                      reduce_dtype=DTYPES[cfg.sdp.reduce_dtype])
 
     @property
     def checkpoint_module(self):
@@ -219,7 +226,7 @@ class SDPStrategy(Strategy):
         return refresh_root_bytes(self.cfg, self.plan, self.ctx.rank)
 
 
-def _shard_within_workers(model: nn.Module, ctx, f: int) -> None:
+def _shard_within_workers(model: nn.Module, ctx, f: int, mp_policy=None) -> None:
     """``sdp.fsdp`` = F: FSDP2 over each SDP worker's F ranks (per block, then the root)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
@@ -230,8 +237,8 @@ def _shard_within_workers(model: nn.Module, ctx, f: int) -> None:
     mine = GroupFactory(ctx.group, ctx.timeout).create(ranks)[ranks[ctx.rank // f]]
     mesh = DeviceMesh.from_group(mine, ctx.device.type)
     for block in model_blocks(model).values():
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, **fsdp_kwargs(mp_policy))
+    fully_shard(model, mesh=mesh, **fsdp_kwargs(mp_policy))
 
 
 def _launcher_prediction(out_dir):

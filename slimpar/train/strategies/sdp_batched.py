@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from slimpar.parallel.ac import apply_ac, model_blocks
+from slimpar.parallel.compile import apply_compile
 from slimpar.sdp.batched import BatchedSDP
 from slimpar.train.build import loss_fn
 from slimpar.train.strategies.sdp_virtual import VirtualSDPStrategy
@@ -38,6 +39,8 @@ class BatchedVirtualSDPStrategy(VirtualSDPStrategy):
         batched = BatchedSDP(model, self.plan, regime=self.cfg.sdp.regime)
         if self.cfg.train.activation_checkpointing:
             apply_ac(model_blocks(model))
+        if self.cfg.train.compile:
+            apply_compile(model_blocks(model), self.cfg.train.compile_backend)
         return batched
 
     def _container(self) -> nn.Module:

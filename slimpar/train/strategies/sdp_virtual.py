@@ -22,6 +22,7 @@ import contextlib
 from torch import nn
 
 from slimpar.parallel.ac import apply_ac, model_blocks
+from slimpar.parallel.compile import apply_compile
 from slimpar.sdp.plan import analytic_bytes_per_step
 from slimpar.sdp.virtual import VirtualSDP
 from slimpar.train.build import loss_fn
@@ -32,6 +33,7 @@ from slimpar.train.strategies.sdp_plan import refresh_root_bytes
 class VirtualSDPStrategy(SDPStrategy):
     name = "sdp"
     eval_sharded = True
+    eval_dst = None  # every worker lives here: the gather is local
 
     def __init__(self, cfg, model: nn.Module, ctx):
         super().__init__(cfg, model, ctx)  # the plan over sdp.virtual_workers, then _wrap
@@ -53,6 +55,8 @@ class VirtualSDPStrategy(SDPStrategy):
         def parallelize(m: nn.Module) -> None:
             if cfg.train.activation_checkpointing:
                 apply_ac(model_blocks(m))
+            if cfg.train.compile:
+                apply_compile(model_blocks(m), cfg.train.compile_backend)
 
         self.shapes = {k: tuple(t.shape) for k, t in model.state_dict().items()}  # before the subnetworks are cut
         return VirtualSDP(model, self.plan, regime=cfg.sdp.regime, refresh_every=cfg.sdp.refresh_every,

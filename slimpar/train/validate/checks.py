@@ -10,6 +10,7 @@ from typing import Any
 
 from slimpar.config import Config, ConfigError, load_config
 from slimpar.config import check_choice as _choice
+from slimpar.parallel.compile import BACKENDS as COMPILE_BACKENDS
 from slimpar.train.sinks.trackers import check_trackers
 from slimpar.train.validate.limits import check_backend, check_memory_floor, check_writable
 from slimpar.train.validate.ranges import Range
@@ -122,6 +123,7 @@ def validate(cfg: Config, *, training: bool = True) -> None:
     _choice("parallel.backend", p.backend, ("auto", "gloo", "nccl"))
     _choice("data.kind", d.kind, ("text", "images"))
     _choice("train.dtype", t.dtype, ("fp32", "bf16"))
+    _choice("train.compile_backend", t.compile_backend, COMPILE_BACKENDS)
     if p.workers < 1:
         raise ConfigError(f"parallel.workers must be >= 1, got {p.workers}")
     if p.device == "cuda":
@@ -142,8 +144,6 @@ def validate(cfg: Config, *, training: bool = True) -> None:
                      ("train.grad_clip", t.grad_clip), ("checkpoint.every", cfg.checkpoint.every),
                      ("log.measure_step", cfg.log.measure_step)]:
         _positive(where, v, zero_ok=True)
-    if t.dtype == "bf16" and p.device != "cuda":
-        raise ConfigError("train.dtype = 'bf16' autocast is for GPUs; use --parallel.device cuda or fp32")
     if m.arch == "llama" and d.kind != "text":
         raise ConfigError("model.arch = 'llama' needs data.kind = 'text'")
     if m.arch != "llama" and d.kind != "images":

@@ -83,9 +83,6 @@ def _check_layout(cfg: Config, n_layers: int) -> None:
     if pc.stages > n_layers:
         raise ConfigError(f"pipeline.stages = {pc.stages} is more than the model's {n_layers} blocks "
                           "(at most one stage per block); lower --pipeline.stages")
-    if cfg.train.dtype != "fp32":
-        raise ConfigError(f"train.dtype = {cfg.train.dtype!r}: pipelines train in fp32 (the schedule runs outside the "
-                          "trainer's autocast); for bf16 boundary messages use --pipeline.codec bf16")
     if pc.virtual and workers != 1:
         raise ConfigError("pipeline.virtual = true runs every stage in one process; set --parallel.workers 1")
     if not pc.virtual and (workers < pc.stages or workers % pc.stages):

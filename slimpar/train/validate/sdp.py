@@ -32,6 +32,7 @@ def validate_sdp(cfg: Config) -> None:
     _choice("sdp.level", s.level, ("block", "neuron"))
     _choice("sdp.regime", s.regime, ("forward", "backward"))
     _choice("sdp.assignment", s.assignment, ("cyclic", "random", "explicit"))
+    _choice("sdp.reduce_dtype", s.reduce_dtype, ("fp32", "bf16"))
     _choice("sdp.eval_rescale", s.eval_rescale, ("none", "survival"))
     if s.bn_recalibrate < -1:
         raise ConfigError(f"sdp.bn_recalibrate must be >= 0 batches or -1 (auto), got {s.bn_recalibrate}")
