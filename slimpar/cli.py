@@ -313,7 +313,8 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                     help="with --memory: only these workers (default: all)")
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
-    b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock", "memory", "readme"],
+    b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock", "memory", "readme", "gpu",
+                                         "modes"],
                    help="readme: write the measured blocks of README.md and docs/results from the committed results "
                         "(no --out)")
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
@@ -327,8 +328,9 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                    "(group/name/sSEED); default: every row, except for quality: its core set (lr-sweep, tuned, "
                    "sdp-lr-sweep, sdp-tuned), the other groups (one-rate, length, width, unseen-config, ...: "
                    "bench/quality/rows.py) run when named; finished runs are reused")
-    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="mapl only: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling)")
+    b.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="mapl: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling); gpu: "
+                        "the device check's (default cuda where one is present; cpu runs its rows on gloo)")
     b.add_argument("--jobs", type=int, default=None,
                    help="rows run at once (default 1: CPU timings need it; quality: 2, one thread each)")
     b.add_argument("--report-only", action="store_true",

@@ -1,4 +1,5 @@
-"""``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR``, ``slimpar bench plans --out DIR``,
+"""``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR``, ``slimpar bench gpu [--device cpu]`` (the device
+check), ``slimpar bench plans --out DIR``,
 ``slimpar bench memory --out DIR`` (the paper's memory table, predicted) and ``slimpar bench readme [--check]``
 (the measured blocks of README.md and docs/results from the committed results)."""
 
@@ -20,6 +21,10 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
     if rest:
         raise ConfigError(f"slimpar bench takes no overrides, got {' '.join(rest)}")
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if args.which == "gpu" and torch.cuda.is_available() else "cpu"
     if args.which == "readme":
         if args.out:
             raise ConfigError("slimpar bench readme writes the measured blocks of README.md and docs/results "
@@ -29,6 +34,13 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
         return readme_command(args.check)
     if args.check:
         raise ConfigError("--check applies to slimpar bench readme")
+    if args.which == "gpu":  # the device check: its rows have their own steps and time limits
+        from slimpar.bench.gpu_check import bench_gpu
+
+        out = Path(args.out or "docs/results/gpu")
+        data = bench_gpu(out, args.device, _names(args.rows))
+        print((out / "report.md").read_text())
+        return 0 if all(r["status"] in ("ok", "not run") for r in data["rows"]) else 1
     if not args.out:
         raise ConfigError(f"--out DIR is required for slimpar bench {args.which} (the folder for its results)")
     out = Path(args.out)
@@ -68,6 +80,12 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
         data = bench_quality(out, args.quick, _names(args.rows), jobs=args.jobs, steps=steps,
                              report_only=args.report_only)
+    elif args.which == "modes":
+        if args.device != "cpu":
+            raise ConfigError("slimpar bench modes times every mode on the CPU; drop --device")
+        from slimpar.bench.modes import bench_modes
+
+        data = bench_modes(out, args.quick, args.steps or 30, _names(args.rows), rounds=_rounds(args))
     elif args.which == "sdp":
         from slimpar.bench.sdp import bench_sdp
 

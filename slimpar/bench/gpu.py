@@ -7,7 +7,10 @@ buckets are freed each step), and reports ``torch.cuda.max_memory_allocated`` ne
 exact accounting of the same step (the dispatch-mode tracker), so the CPU accounting is checked
 against CUDA's allocator. On CPU (tests) only the tracker is reported.
 
-Run: ``python -m slimpar.bench.gpu --out docs/results/gpu [--size 134m] [--device cuda]``.
+``--predict`` also puts ``slimpar plan --memory``'s prediction of the same worker's step (FakeTensorMode, the
+trainer's own step at ``train.dtype`` bf16 on a GPU) beside each measurement.
+
+Run: ``python -m slimpar.bench.gpu --out docs/results/gpu [--size 134m] [--device cuda] [--predict]``.
 """
 
 from __future__ import annotations
@@ -66,6 +69,25 @@ def probe_row(size: str, row, device: torch.device, batch: int, seq: int, worker
     return out
 
 
+def predicted_peak(size: str, row, batch: int, seq: int, cuda: bool, workers: int = 8, vocab: int = 32000) -> int:
+    """``slimpar plan --memory``'s peak for the probe's worker: a one-process run of the full model for DDP's
+    row (a DDP worker without its buckets), else worker 0 of an ``workers``-worker SDP run."""
+    from slimpar.train.memory.predict import predict_memory
+    from slimpar.train.validate.checks import load_run_config
+
+    overrides = ["--model.size", size, "--model.vocab_size", str(vocab), "--model.tie_embeddings", "false",
+                 "--data.seq_len", str(seq), "--train.dtype", "bf16" if cuda else "fp32"]
+    if row is None:
+        overrides += ["--train.batch_size", str(batch)]
+    else:
+        level, keep, regime = row
+        overrides += ["--parallel.mode", "sdp", "--parallel.workers", str(workers), "--sdp.level", level,
+                      "--sdp.keep", str(keep), "--sdp.regime", regime, "--train.batch_size", str(batch * workers)]
+    cfg = load_run_config(Path(__file__).resolve().parents[1] / "configs" / "llama_tiny.toml", overrides,
+                          training=False)
+    return int(predict_memory(cfg, [0], vocab)[0]["peak_live"])
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -73,23 +95,34 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--predict", action="store_true", help="also predict each row with slimpar plan --memory")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     results = {name: probe_row(args.size, row, device, args.batch, args.seq) for name, row in ROWS.items()}
+    if args.predict:
+        for name, row in ROWS.items():
+            results[name]["predicted_peak_bytes"] = predicted_peak(args.size, row, args.batch, args.seq,
+                                                                   device.type == "cuda")
     key = "cuda_max_allocated_bytes" if device.type == "cuda" else "tracker_peak_bytes"
     base = results["DDP (full model)"][key]
     rows = [[name, f"{r[key] / 2**30:.3f}", f"{r['tracker_peak_bytes'] / 2**30:.3f}", f"{r[key] / base:.2f}",
-             f"{r['step_s']:.3f}"] for name, r in results.items()]
+             f"{r['step_s']:.3f}", _gib(r.get("predicted_peak_bytes")),
+             f"{r[key] / r['predicted_peak_bytes']:.2f}" if r.get("predicted_peak_bytes") else "–"]
+            for name, r in results.items()]
     meta = metadata({"size": args.size, "device": str(device), "batch": args.batch, "seq": args.seq,
                      "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", {"meta": meta, "rows": results})
     table = markdown_table([f"row ({args.size}, worker 0 of 8)", f"{key} (GiB)", "tracker peak (GiB)", "× DDP",
-                            "step (s)"], rows)
+                            "step (s)", "plan --memory (GiB)", "measured / predicted"], rows)
     (out / "report.md").write_text(f"# GPU memory probe\n\n{meta}\n\n{table}\n")
     print(table)
     return results
+
+
+def _gib(b) -> str:
+    return f"{b / 2**30:.3f}" if b else "–"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,37 @@
+"""``slimpar bench modes``: one group of eager / compiled / bf16 rows per mode, and tables that divide each mode's
+compiled step time and bf16 memory by its own eager fp32 run's (checked on hand-made results)."""
+
+from slimpar.bench.modes import MODES, VARIANTS, lines, report_markdown, rows
+from slimpar.bench.timing import step_time_ratios
+
+
+def _run(mode: str, variant: str, step: float, peak: int, act: int, loss: float, rnd: int = 0) -> dict:
+    return {"group": mode, "row": variant, "seed": 0, "timing_round": rnd, "load_1m": 1.0,
+            "summary": {"step_time_s": step, "peak_mem_bytes": peak, "val_loss": loss,
+                        "mem_breakdown": {"activations": act}}}
+
+
+def test_every_mode_has_its_three_variants_on_the_same_tokens():
+    all_rows = rows(False, 30)
+    assert len(all_rows) == 3 * len(MODES)
+    for mode in MODES:
+        group = [r for r in all_rows if r.group == mode]
+        assert [r.name for r in group] == list(VARIANTS)
+        common = [o for o in group[0].overrides]
+        assert group[1].overrides == common + ["--train.compile", "true"]
+        assert group[2].overrides == common + ["--train.dtype", "bf16"]
+
+
+def test_ratios_are_per_mode_against_its_own_eager_run():
+    results = [_run("DDP", "eager", 2.0, 400, 100, 3.0), _run("DDP", "compiled", 1.0, 400, 100, 3.0),
+               _run("DDP", "bf16", 1.5, 300, 50, 3.01)]
+    timings = [_run("DDP", "eager", 4.0, 0, 0, 0, 1), _run("DDP", "compiled", 3.0, 0, 0, 0, 1),
+               _run("DDP", "bf16", 2.0, 0, 0, 0, 1)]
+    table = lines(results, step_time_ratios(results, timings, "eager"))
+    (ln,) = table
+    assert ln["compiled_vs_eager"]["ratio"] == [0.5, 0.75] and ln["compiled_vs_eager"]["ratio_median"] == 0.625
+    assert ln["bf16_activation_bytes"] == 50 and ln["fp32_activation_bytes"] == 100
+    meta = {"date": "d", "machine": "m", "cpus": 2, "git_commit": "abc", "versions": {"torch": "t"}, "steps": 30,
+            "timing": None, "timing_rounds": 1}
+    text = report_markdown(table, meta)
+    assert "| DDP | 2.000 | 1.000 | 0.62 [0.50–0.75]" in text
