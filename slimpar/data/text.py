@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from slimpar.data.cache import cached
 from slimpar.data.corpora import (
     cache_root,
     heldout_names,
-    publish_bytes,
     sha256_texts,
     shakespeare_works,
     split_works,
@@ -126,14 +126,27 @@ def _max_id(tokens: np.ndarray) -> int:
 
 
 def token_stream(tok: TextTokenizer, texts: Sequence[str], cache_dir: str | Path | None) -> np.ndarray:
-    """``texts`` encoded and joined by ``<|endoftext|>``, cached under (tokenizer, texts) as .npy."""
+    """``texts`` encoded and joined by ``<|endoftext|>``, cached under (tokenizer, texts) as .npy (verified, and
+    rebuilt when damaged: :mod:`slimpar.data.cache`)."""
     key = hashlib.sha256(f"{tok.fingerprint}|{sha256_texts(texts)}|{STREAM_FORMAT}".encode()).hexdigest()[:16]
     path = cache_root(cache_dir) / "tokens" / tok.fingerprint / f"{key}.npy"
-    if not path.is_file():
+
+    def build() -> bytes:
         buf = io.BytesIO()
         np.save(buf, tok.encode_stream(texts))
-        publish_bytes(path, buf.getvalue())
+        return buf.getvalue()
+
+    cached(path, build, adopt=_whole_npy)
     return np.load(path, mmap_mode="r")  # shared page cache across worker processes
+
+
+def _whole_npy(path: Path) -> bool:
+    """Whether a ``.npy`` written before integrity records is whole: its header's array ends where the file does."""
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+        return isinstance(array, np.memmap) and array.offset + array.nbytes == path.stat().st_size
+    except (OSError, ValueError):
+        return False
 
 
 def load_token_file(path: str | Path) -> np.ndarray:

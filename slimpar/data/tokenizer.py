@@ -20,7 +20,8 @@ import numpy as np
 import tokenizers
 from tokenizers import ByteLevelBPETokenizer, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from slimpar.data.corpora import cache_root, publish_bytes, sha256_file, sha256_texts
+from slimpar.data.cache import cached
+from slimpar.data.corpora import cache_root, sha256_file, sha256_texts
 from slimpar.data.errors import DataUnavailable
 
 EOT = "<|endoftext|>"  # document separator; GPT-2's own end-of-text token (id 50256)
@@ -147,17 +148,25 @@ def train_bpe(texts: Sequence[str], vocab_size: int,
               cache_dir: str | os.PathLike[str] | None = None) -> TextTokenizer:
     """A byte-level BPE of ``vocab_size`` tokens (including ``<|endoftext|>``) trained on ``texts``.
 
-    Cached as ``<cache>/tokenizers/bpe-<key>.json`` (key: :func:`bpe_cache_key`); later calls,
-    also from other processes, load that file instead of training.
+    Cached as ``<cache>/tokenizers/bpe-<key>.json`` (key: :func:`bpe_cache_key`; verified, and rebuilt when
+    damaged: :mod:`slimpar.data.cache`); later calls, also from other processes, load that file instead of training.
     """
     if vocab_size < 257 + 1:
         raise ValueError(f"vocab_size must exceed the 256 bytes plus {EOT}, got {vocab_size}")
     key = bpe_cache_key(texts, vocab_size)
     path = cache_root(cache_dir) / "tokenizers" / f"bpe-{key}.json"
-    if not path.is_file():
-        publish_bytes(path, _train(texts, vocab_size).to_str().encode("utf-8"))
+    cached(path, lambda: _train(texts, vocab_size).to_str().encode("utf-8"), adopt=_parses)
     # Always load the published file, so concurrent workers share one vocabulary.
     return TextTokenizer(Tokenizer.from_file(str(path)), name="bpe", fingerprint=f"bpe-{key}")
+
+
+def _parses(path: Path) -> bool:
+    """Whether a tokenizer file written before integrity records loads whole (a cut JSON does not parse)."""
+    try:
+        Tokenizer.from_file(str(path))
+        return True
+    except Exception:  # the library raises a bare Exception for malformed JSON
+        return False
 
 
 def gpt2_files() -> tuple[Path, Path]:

@@ -13,7 +13,6 @@ import torch
 from slimpar.config import Config, ConfigError, DataConfig
 from slimpar.data.corpora import (
     heldout_names,
-    publish_bytes,
     shakespeare_works,
     split_works,
     strip_gutenberg,
@@ -75,14 +74,6 @@ def test_bpe_is_cached_and_round_trips(works, cache, small_bpe):
     assert small_bpe.decode(small_bpe.encode(text)) == text
     assert small_bpe.decode(small_bpe.encode(SAMPLE)) == SAMPLE
     assert small_bpe.encode(EOT) != [small_bpe.eot_id]  # literal separators in text stay text
-
-
-def test_publish_keeps_the_first_version(tmp_path):
-    target = tmp_path / "sub" / "entry.bin"
-    publish_bytes(target, b"first")
-    publish_bytes(target, b"second")  # a slower worker finishing the same build later
-    assert target.read_bytes() == b"first"
-    assert [p.name for p in target.parent.iterdir()] == ["entry.bin"]  # no temporary files left
 
 
 def test_gpt2_ids():
@@ -167,7 +158,8 @@ def test_wikipedia_articles_are_english_prose(cache):
     text = wikipedia_articles(cache)
     assert len(text) > 1_000_000 and "Anarchism" in text
     assert "#REDIRECT" not in text and "'''" not in text and "==" not in text
-    assert [p.suffix for p in (cache / "wikipedia").iterdir()] == [".txt"]
+    # the text, its integrity record and its lock (slimpar/data/cache.py); no temporary file left
+    assert sorted(p.suffix for p in (cache / "wikipedia").iterdir()) == [".integrity", ".lock", ".txt"]
     assert wikipedia_articles(cache) == text
 
 
