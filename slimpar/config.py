@@ -11,6 +11,7 @@ what the CLI calls.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -267,21 +268,31 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported type {tp}")
 
 
-def _apply(obj: Any, data: dict[str, Any], prefix: str) -> None:
+def _apply(obj: Any, data: dict[str, Any], prefix: str, unknown: list[str] | None = None) -> None:  # report all
+    top, unknown = unknown is None, [] if unknown is None else unknown
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for key, value in data.items():
         where = f"{prefix}{key}"
         if key not in names:
-            known = ", ".join(sorted(names))
-            raise ConfigError(f"unknown config key '{where}' (known keys in this section: {known})")
+            unknown.append(_unknown(where, isinstance(value, dict), names))
+            continue
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise ConfigError(f"'{where}' is a section; give its keys, e.g. --{where}.<key> value")
-            _apply(current, value, where + ".")
+            _apply(current, value, where + ".", unknown)
         else:
             setattr(obj, key, _coerce(value, hints[key], where))
+    if top and unknown:
+        raise ConfigError("; ".join(unknown))
+
+
+def _unknown(where: str, section: bool, names: set[str]) -> str:
+    parent, _, key = where.rpartition(".")
+    close = [f"did you mean '{parent + '.' if parent else ''}{k}'? " for k in difflib.get_close_matches(key, names, 1)]
+    return (f"unknown config key '{where}' ({'a section; ' if section else ''}{''.join(close)}known keys in this "
+            f"section: {', '.join(sorted(names))})")
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:

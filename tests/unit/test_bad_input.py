@@ -604,6 +604,35 @@ def test_resume_of_the_untouched_copy_verifies(tiny_run, tmp_path):
     assert check_resume(run).name == "step_000003"
 
 
+# ---------------------------------------------------------------- issue 40: config messages, a dangling --out
+
+
+def test_every_unknown_name_is_reported_at_once(tmp_path, capsys):
+    toml = write(tmp_path / "bad.toml", "[train]\nstpes = 20\n[optimiser]\nlr = 1\n")
+    expect_exit_2(["train", "--config", str(toml), "--out", str(tmp_path / "run")], tmp_path, capsys,
+                  ("unknown config key 'train.stpes' (did you mean 'train.steps'?",
+                   "; unknown config key 'optimiser' (a section; known keys in this section: checkpoint"))
+
+
+def test_a_dangling_out_symlink(tmp_path, capsys):
+    watched = tmp_path / "watched"  # where the link points: nothing may appear there
+    watched.mkdir()
+    (tmp_path / "run").symlink_to(watched / "gone" / "run")  # it used to be "internal error: FileExistsError"
+    expect_exit_2(["train", "--config", T, "--out", str(tmp_path / "run")], watched, capsys,
+                  ("--out", "is a symbolic link to", "which does not exist"))
+
+
+def test_a_models_own_values_spelled_out_are_the_same_model(tiny_run, tmp_path, capsys):
+    """Model shapes are compared by their resolved values: --model.n_layers 4 on tiny is tiny (issue 40); 3 is
+    another model."""
+    run = _copy_run(tiny_run, tmp_path / "run")
+    spelled = ["--model.n_layers", "4", "--model.max_seq_len", "256", "--model.n_kv_heads", "2"]
+    assert main(["train", "--config", T, *TINY_RUN_ARGS, "--out", str(run), *spelled]) == 0
+    assert "nothing to train" in capsys.readouterr().out  # it resumed the finished run
+    expect_exit_2(["train", "--config", T, *TINY_RUN_ARGS, "--out", str(run), "--model.n_layers", "3"], tmp_path,
+                  capsys, ("holds another model", "n_layers: checkpoint 4, this run 3"))
+
+
 def test_case_count():
     """At least 100 malformed inputs outside the numeric ranges of test_validate_numbers.py."""
     counts = {
@@ -614,5 +643,6 @@ def test_case_count():
         "run folders": len(RUN_DEFECTS) + len(RUN_DEFECTS) - 1 + 2 * len(EVAL_PATH_CASES) + 1 + 2 + 1,
         "checkpoints": len(CKPT_DEFECTS),
         "limits, backends, folders (issue 22)": len(LIMIT_CASES) + 1 + 1 + 2 + 2 + 1,
+        "config messages, dangling --out (issue 40)": 3,
     }
     assert sum(counts.values()) >= 100, counts

@@ -59,6 +59,27 @@ def checkpoint_layout(cfg) -> dict:
     return out
 
 
+SHAPE_DEFAULTS = ("n_layers", "max_seq_len", "n_kv_heads")  # 0 = the size's own value
+
+
+def model_shape(model: dict) -> dict:
+    """A layout's ``model`` with a LLaMA's size spelled out: ``size = "tiny"`` and ``size = "tiny", n_layers = 4``
+    are one shape (every dimension resolved from ``LlamaConfig.SIZES``), and ``vocab_size = 0`` is the BPE's own
+    ``data.vocab_size``. Other architectures and unknown sizes are compared as written."""
+    from slimpar.models.llama import LlamaConfig
+
+    if model.get("arch") != "llama" or model.get("size") not in LlamaConfig.SIZES:
+        return model
+    base = LlamaConfig.SIZES[model["size"]]
+    out = {k: v for k, v in model.items() if k != "size"}
+    out.update({k: out.get(k) or base[k] for k in SHAPE_DEFAULTS})
+    out.update({k: base[k] for k in ("dim", "n_heads", "ffn_dim")})
+    data = model.get("data") or {}
+    if not out.get("vocab_size") and data.get("tokenizer") == "bpe":
+        out["vocab_size"] = data.get("vocab_size")
+    return out
+
+
 def _tied_diff(old: dict, new: dict, prefix: str) -> list[str]:
     """'key: checkpoint X, this run Y' for every tied field that differs; a field only one side names
     (written by another slimpar version, which tied more or fewer fields) is not compared."""
@@ -99,9 +120,10 @@ def check_layout(path: Path, new: dict) -> None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ManifestError(f"{f} is unreadable ({e}); use another checkpoint or start over with --fresh") from None
     fix = "resume with the checkpoint's settings, or start over with --fresh (or another --out)"
-    if old["model"] != new["model"]:
-        diff = sorted(k for k in set(old["model"]) | set(new["model"]) if old["model"].get(k) != new["model"].get(k))
-        shown = ", ".join(f"{k}: checkpoint {old['model'].get(k)!r}, this run {new['model'].get(k)!r}" for k in diff)
+    a, b = model_shape(old["model"]), model_shape(new["model"])  # compared by value, not by how it was spelled
+    if a != b:
+        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        shown = ", ".join(f"{k}: checkpoint {a.get(k)!r}, this run {b.get(k)!r}" for k in diff)
         raise ConfigError(f"{path} holds another model ({shown}); a checkpoint loads only into the same model "
                           f"shape; {fix}")
     if old["names"] == new["names"] == "full":

@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 from slimpar.config import Config, ConfigError, load_config, to_dict
+from slimpar.train.checkpoint.layout import SHAPE_DEFAULTS, model_shape
 
 # accepted silently: they change what is logged, evaluated or saved, or how fast, not what is trained
 ACCEPTED = ("log.", "eval.", "checkpoint.", "parallel.timeout_s", "parallel.max_restarts", "parallel.backend",
@@ -45,6 +46,9 @@ def config_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
     uses (``sdp.*`` outside SDP, ``pipeline.*`` outside pipelines) is not compared, nor ``model.vocab_size``
     when the new run leaves it to the tokenizer (0; ``config.toml`` names the real size)."""
     a, b = _leaves(to_dict(old)), _leaves(to_dict(new))
+    if _same_shape(old, new):  # --model.n_layers 4 on tiny spells out tiny's own value: not a change
+        for key in ("model.size", *(f"model.{k}" for k in SHAPE_DEFAULTS)):
+            a.pop(key, None), b.pop(key, None)
     modes = {old.parallel.mode, new.parallel.mode}
     defining, layout = [], []
     for key in sorted(set(a) | set(b)):
@@ -58,6 +62,14 @@ def config_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
         change = f"{key}: {a.get(key)!r} -> {b.get(key)!r}"
         (layout if key.startswith(LAYOUT) else defining).append(change)
     return defining, layout
+
+
+def _same_shape(old: Config, new: Config) -> bool:
+    def shape(cfg: Config) -> dict:
+        model = {k: v for k, v in to_dict(cfg)["model"].items() if k != "vocab_size"}
+        return model_shape({**model, "data": {}})
+
+    return shape(old) == shape(new)
 
 
 def _schedule_note(old: Config, new: Config, step: int) -> str:
