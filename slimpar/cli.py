@@ -18,6 +18,7 @@ from slimpar import __version__
 from slimpar.cli_help import config_help
 from slimpar.config import DEFAULT_CONFIG, Config, ConfigError
 from slimpar.train.launch.failure import debugging, internal_error
+from slimpar.train.launch.preempt import EXIT_CODE, RESUME_ENV, STOP_SIGNALS, Preempted, closing_line
 
 
 class _Default(str):
@@ -45,6 +46,10 @@ def _on_ctrl_c(signum, frame):
     raise KeyboardInterrupt
 
 
+def _on_stop_signal(signum, frame):
+    raise Preempted(signum)
+
+
 def _train(args: argparse.Namespace, rest: list[str]) -> int:
     """Load, adopt torchrun's world size, validate once, choose the run folder, launch.
 
@@ -61,7 +66,9 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     if args.max_restarts is not None:
         extra += ["--parallel.max_restarts", str(args.max_restarts)]
     cfg = load_config(config, rest + extra)  # the flags win over the same keys given as overrides
-    cfg = _join_torchrun(cfg)
+    from slimpar.train.launch.elastic import join_torchrun
+
+    cfg = join_torchrun(cfg)
     if args.print_config:
         from slimpar.config import to_toml
 
@@ -88,6 +95,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
         check_init_from(cfg, out)  # the init_from folder still holds what the run first started from
     _raise_swallowed_ctrl_c()  # before the run folder is announced: torch's import (in validate) may hide one
     again = _resume_command(args.argv, out, bool(args.out))
+    os.environ[RESUME_ENV] = again  # for a worker that must print a stop's closing line itself (preempt.py)
     if main:
         print(f"run folder: {out}  (to resume it: {again})", flush=True)
     code = _launch_and_report(launch, cfg, out, again)
@@ -99,7 +107,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
 def _resume_command(argv: list[str], out: Path, given: bool) -> str:
     """The command that continues this run: the same one without ``--fresh`` (and with ``--out`` when the
     folder was not named: a changed working directory or config still finds it)."""
-    from slimpar.train.launch.launcher import under_torchrun
+    from slimpar.train.launch.elastic import under_torchrun
 
     words = [w for w in argv if w != "--fresh"]
     line = shlex.join(["slimpar", *words, *([] if given else ["--out", str(out)])])
@@ -121,9 +129,14 @@ def _launch_and_report(launch, cfg: Config, out: Path, again: str) -> int:
 
     try:
         launch(cfg, out)
-    except (KeyboardInterrupt, SignalException, SystemExit, ChildFailedError) as e:
+    except (KeyboardInterrupt, SignalException, SystemExit, ChildFailedError, Preempted) as e:
         if isinstance(e, SystemExit) and not e.code:
             raise
+        stopped = closing_line(e, out, again)  # SIGTERM or SIGUSR1: the step saved (preempt.py)
+        if stopped is not None:
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(stopped, file=sys.stderr, flush=True)
+            return EXIT_CODE
         if isinstance(e, (KeyboardInterrupt, SignalException)) or getattr(e, "code", None) == 130 or _CTRL_C.is_set():
             return _interrupted(out, again)
         from slimpar.train.launch.launcher import describe_failure
@@ -152,33 +165,6 @@ def _interrupted(out: Path, again: str) -> int:
 def _failed(out: Path, again: str, why: str = "") -> str:
     return (f"slimpar: training failed{f' ({why})' if why else ''}; the run folder is {out}; to resume it from its "
             f"newest checkpoint: {again}")
-
-
-def _join_torchrun(cfg: Config) -> Config:
-    """Under torchrun, ``parallel.workers`` is the group's WORLD_SIZE (validated afterwards, by ``_train``).
-
-    The global batch ``train.batch_size`` stays whatever the world (an elastic run re-formed with fewer or more
-    workers): each data-parallel worker takes its share, with ``train.grad_accum`` lowered only where the
-    share does not split into it (:func:`slimpar.train.launch.elastic.fit_grad_accum`)."""
-    import os
-
-    from slimpar.train.launch.launcher import under_torchrun
-
-    if under_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
-        main = int(os.environ.get("RANK", "0")) == 0
-        if cfg.parallel.workers != world and main:
-            print(f"note: joining the torchrun group of {world} processes (parallel.workers = {world})")
-        cfg.parallel.workers = world
-        if cfg.parallel.mode in ("single", "ddp", "fsdp", "sdp") and not cfg.sdp.virtual:
-            from slimpar.train.launch.elastic import fit_grad_accum
-
-            accum = fit_grad_accum(cfg.train.batch_size, cfg.train.grad_accum, world)
-            if accum != cfg.train.grad_accum and main:
-                print(f"note: the global batch {cfg.train.batch_size} over {world} workers: train.grad_accum "
-                      f"{cfg.train.grad_accum} -> {accum}")
-            cfg.train.grad_accum = accum
-    return cfg
 
 
 def _eval(args: argparse.Namespace, rest: list[str]) -> int:
@@ -366,8 +352,14 @@ def main(argv: list[str] | None = None) -> int:
         argv = [a for a in argv if a != "--debug"]
         os.environ["SLIMPAR_DEBUG"] = "1"
     try:
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker ends with its agent (train/launch/parent.py)
+            from slimpar.train.launch.parent import die_with_parent
+
+            die_with_parent()
         if threading.current_thread() is threading.main_thread():  # after __main__.py's start-up handler
             signal.signal(signal.SIGINT, _on_ctrl_c)
+            for sig in STOP_SIGNALS:  # until a run's own handler takes over (train/launch/preempt.py)
+                signal.signal(sig, _on_stop_signal)
         parser = build_parser(*_help_config(argv))
         args, rest = parser.parse_known_args(argv)
         args.argv = argv
@@ -382,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before a run folder exists (a run's own Ctrl-C: _launch_and_report)
         print("\nslimpar: interrupted", file=sys.stderr, flush=True)
         return 130
+    except Preempted as e:  # before a run folder exists: nothing started, nothing written
+        print(f"slimpar: stopped by {e} before the run started; nothing was written", file=sys.stderr, flush=True)
+        return EXIT_CODE
     except Exception as e:  # a bug in slimpar (or in what it calls): one paragraph unless --debug
         if _CTRL_C.is_set():  # the interrupt, surfacing as another error (see _CTRL_C)
             print("\nslimpar: interrupted", file=sys.stderr, flush=True)

@@ -205,6 +205,9 @@ class CheckpointConfig:
     keep_last: int = 2  # after each save keep the newest N checkpoints, delete older ones; 0 = keep all
     export: bool = True  # write the full model to OUT/model.safetensors at the end
     final: bool = True  # write a DCP checkpoint at the end
+    # SIGTERM/SIGUSR1: every rank finishes its step, saves it and exits 143; past on_signal_s it exits without the
+    # save and says so (under torchrun keep it below --shutdown-timeout, 30 s by default, when torchrun kills)
+    on_signal_s: float = 30.0  # seconds a stop signal leaves for the step and its checkpoint
 
 
 @dataclass

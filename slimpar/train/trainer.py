@@ -17,13 +17,14 @@ from slimpar.config import Config, to_dict
 from slimpar.data.shares import batch_share
 from slimpar.parallel.comm import StepInstrument, wire_bytes_written
 from slimpar.train.build import build_data, build_model, eval_every, final_eval_config, lr_at, total_steps
-from slimpar.train.checkpoint.dcp import latest_checkpoint, load_checkpoint, save_checkpoint
+from slimpar.train.checkpoint.dcp import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from slimpar.train.checkpoint.export import export_safetensors
 from slimpar.train.checkpoint.init_from import check_init_from
 from slimpar.train.checkpoint.layout import checkpoint_layout
 from slimpar.train.guard import StepGuard, check_export
 from slimpar.train.launch.context import RunContext
-from slimpar.train.launch.elastic import SampleLog, elastic_job, membership_changes, record_start, restart_count
+from slimpar.train.launch.elastic import SampleLog, membership_changes, record_membership
+from slimpar.train.launch.preempt import StopRequest
 from slimpar.train.launch.run_files import record_run_files
 from slimpar.train.memory import accounting as memory
 from slimpar.train.sinks.metrics import (
@@ -41,8 +42,9 @@ from slimpar.train.strategies import build_strategy
 
 
 class Trainer:
-    def __init__(self, cfg: Config, ctx: RunContext):
+    def __init__(self, cfg: Config, ctx: RunContext, stop: StopRequest | None = None):
         self.cfg, self.ctx = cfg, ctx
+        self.stop = stop or StopRequest.inactive()  # SIGTERM / SIGUSR1 in a worker (slimpar.train.launch.preempt)
         self.writer = MetricsWriter(ctx.out_dir, enabled=ctx.is_main)
         self.sinks = build_sinks(cfg, ctx.out_dir) if ctx.is_main else []  # trackers: log.tensorboard, log.mlflow
         self.step_times: list[float] = []
@@ -78,15 +80,6 @@ class Trainer:
                     print(f"resuming from step {self.start}, checkpoint {path}", flush=True)
         self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
         self.samples = SampleLog(cfg.log.samples, ctx.group)
-
-    def _record_membership(self) -> None:
-        """Rank 0: this start in ``membership.json``; on another world size than the last start's, a membership
-        change in ``metrics.jsonl`` (after the line of the step resumed from) and on the console (elastic.py)."""
-        change = record_start(self.ctx.out_dir, self.ctx.world, self.start, restart_count(), elastic_job())
-        if change is not None:
-            self.writer.write({"kind": "membership", **change})
-            print(f"membership change at step {change['step']}: {change['old_world']} -> {change['new_world']} "
-                  f"workers ({change['reason']})", flush=True)
 
     # ------------------------------------------------------------------ step
     def _batch(self, step: int, micro: int):
@@ -161,6 +154,9 @@ class Trainer:
             "comm_bytes": inst.comm_bytes,
             "comm_by_op": dict(inst.comm),
             "comm_calls": dict(inst.calls),
+            "host_syncs": inst.count.total,  # where a GPU run would wait for the device (parallel/syncs.py)
+            "host_syncs_by_kind": dict(inst.count.syncs),
+            "aten_ops": inst.count.ops,  # ops launched in the step
             **inst.traffic(),  # modelled bytes sent and received (parallel/comm.traffic)
             "wire_bytes": (wire1 - wire0) if wire0 is not None and wire1 is not None else None,
             **self.strategy.extra_metrics(),
@@ -181,7 +177,8 @@ class Trainer:
                       "(slimpar train --fresh starts over)", flush=True)
             return
         if ctx.is_main:
-            self._record_membership()
+            record_membership(self.writer, ctx.out_dir, ctx.world, self.start)
+        self.stop.arm()  # a stop signal now ends the run at the next step boundary, with a checkpoint there
         for step in range(self.start, end):
             t0 = time.perf_counter()
             if step == measure_at:
@@ -194,12 +191,32 @@ class Trainer:
                 self.step_times.append(self.last_step_time[0])
             self.strategy.end_of_step(step)
             self._after_step(step, loss, gnorm, progress)
+            signum = self.stop.agreed(ctx.group, ctx.device)  # one int32 all-reduce: every rank stops here or none
+            if signum:
+                self._stop(signum, step + 1, progress)
         progress.close()
         if end < self.total:  # a planned stop: save and leave the rest to --resume
-            save_checkpoint(ctx.out_dir, end, self.strategy.checkpoint_module, self.optimizer, ctx.rank, ctx.group,
-                            cfg.checkpoint.keep_last, checkpoint_layout(cfg))
-            return
-        self._finish()
+            path = save_checkpoint(ctx.out_dir, end, self.strategy.checkpoint_module, self.optimizer, ctx.rank,
+                                   ctx.group, cfg.checkpoint.keep_last, checkpoint_layout(cfg))
+        else:
+            self._finish()
+            path = latest_checkpoint(ctx.out_dir)
+        signum = self.stop.agreed(ctx.group, ctx.device)  # a stop signal during the last save or evaluation
+        if signum:
+            raise self.stop.stopped(signum, end, path, finished=end == self.total)
+
+    def _stop(self, signum: int, done: int, progress) -> None:
+        """Every rank agreed to stop after step ``done``: its checkpoint (unless the periodic save just wrote it),
+        the trackers flushed, then :class:`~slimpar.train.launch.preempt.Stopped` (exit 143)."""
+        progress.close()
+        cfg, ctx = self.cfg, self.ctx
+        path = checkpoint_dir(ctx.out_dir) / f"step_{done:06d}"
+        if not (cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done != self.total):
+            path = save_checkpoint(ctx.out_dir, done, self.strategy.checkpoint_module, self.optimizer, ctx.rank,
+                                   ctx.group, cfg.checkpoint.keep_last, checkpoint_layout(cfg))
+        for sink in self.sinks:
+            sink.close()
+        raise self.stop.stopped(signum, done, path)
 
     def _after_step(self, step: int, loss: float, gnorm: float, progress) -> None:
         cfg, done = self.cfg, step + 1

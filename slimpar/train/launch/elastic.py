@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from slimpar.config import ConfigError
+from slimpar.config import Config, ConfigError
 from slimpar.utils import write_text_atomic
 
 MEMBERSHIP = "membership.json"  # in the run folder: every start's world size, and the changes between them
@@ -55,6 +55,31 @@ def fit_grad_accum(batch: int, accum: int, world: int) -> int:
                           f"workers, so an elastic run cannot keep it at this size; use a batch size that every "
                           f"world size the run may take divides (e.g. a multiple of {_lcm_upto(max(world, 1))})")
     return max(a for a in range(1, max(accum, 1) + 1) if (batch // world) % a == 0)
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def join_torchrun(cfg: Config) -> Config:
+    """Under torchrun, ``parallel.workers`` is the group's WORLD_SIZE (validated afterwards, by ``_train``).
+
+    The global batch ``train.batch_size`` stays whatever the world (an elastic run re-formed with fewer or more
+    workers): each data-parallel worker takes its share, with ``train.grad_accum`` lowered only where the
+    share does not split into it (:func:`slimpar.train.launch.elastic.fit_grad_accum`)."""
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        main = int(os.environ.get("RANK", "0")) == 0
+        if cfg.parallel.workers != world and main:
+            print(f"note: joining the torchrun group of {world} processes (parallel.workers = {world})")
+        cfg.parallel.workers = world
+        if cfg.parallel.mode in ("single", "ddp", "fsdp", "sdp") and not cfg.sdp.virtual:
+            accum = fit_grad_accum(cfg.train.batch_size, cfg.train.grad_accum, world)
+            if accum != cfg.train.grad_accum and main:
+                print(f"note: the global batch {cfg.train.batch_size} over {world} workers: train.grad_accum "
+                      f"{cfg.train.grad_accum} -> {accum}")
+            cfg.train.grad_accum = accum
+    return cfg
 
 
 def _lcm_upto(n: int) -> int:
@@ -98,6 +123,16 @@ def record_start(out_dir: Path, world: int, step: int, restart: int, job: str | 
     path = Path(out_dir) / MEMBERSHIP
     write_text_atomic(path, json.dumps(data, indent=1) + "\n")
     return change
+
+
+def record_membership(writer: Any, out_dir: Path, world: int, step: int) -> None:
+    """Rank 0: this start in ``membership.json``; on another world size than the last start's, a membership change
+    in ``metrics.jsonl`` (``writer``, after the line of the step resumed from) and on the console."""
+    change = record_start(out_dir, world, step, restart_count(), elastic_job())
+    if change is not None:
+        writer.write({"kind": "membership", **change})
+        print(f"membership change at step {change['step']}: {change['old_world']} -> {change['new_world']} "
+              f"workers ({change['reason']})", flush=True)
 
 
 def membership_changes(out_dir: Path) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -23,8 +24,8 @@ from pathlib import Path
 
 from slimpar.config import Config, from_dict, to_dict, to_toml
 from slimpar.train.checkpoint.init_from import INIT_FROM_RECORD, record_init_from
-from slimpar.train.launch import failure, local_rdzv
-from slimpar.train.launch.elastic import MEMBERSHIP, restart_count
+from slimpar.train.launch import failure, local_rdzv, oom, parent, preempt
+from slimpar.train.launch.elastic import MEMBERSHIP, restart_count, under_torchrun
 from slimpar.train.launch.run_lock import run_lock
 from slimpar.train.launch.worker import worker_main
 from slimpar.train.validate.limits import runs_in_process
@@ -34,8 +35,7 @@ from slimpar.utils import write_text_atomic
 FRESH_DELETES = ("checkpoints", "metrics.jsonl", "summary.json", "model.safetensors", "manifest.json", "eval.json",
                  INIT_FROM_RECORD, "tensorboard", "mlruns", MEMBERSHIP)
 
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+SHUTDOWN_MARGIN_S = 15  # the agent's wait for stopped workers beyond checkpoint.on_signal_s
 
 
 def run_name(config_name: str, cfg: Config | None = None) -> str:
@@ -72,6 +72,7 @@ def prepare_out_dir(cfg: Config, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     if restart_count() == 0:  # a new invocation: the user may have fixed what failed for good
         failure.clear(out_dir)
+        preempt.clear_record(out_dir)
     if not cfg.checkpoint.resume and restart_count() == 0:
         for name in FRESH_DELETES:
             path = out_dir / name
@@ -90,8 +91,10 @@ def launch(cfg: Config, out_dir: Path) -> None:
     fake one of its own): the workers run the chosen keeps (slimpar.train.memory.budget)."""
     from slimpar.train.memory.budget import resolve_memory_budget
     from slimpar.train.memory.budget_record import write_record
+    from slimpar.train.memory.floor_check import check_predicted_floor
 
     run, budget = resolve_memory_budget(cfg)  # ConfigError (exit 2) before anything is written
+    check_predicted_floor(run)  # near the edge of the memory: the prediction of plan --memory (exit 2)
     if under_torchrun() and int(os.environ.get("RANK", "0")) != 0:
         worker_main(to_dict(run), str(out_dir))
         return
@@ -119,13 +122,23 @@ def _elastic(cfg: Config, out_dir: Path) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([_package_root(), *(p for p in paths if p != _package_root())])
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.parallel.workers)))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's sockets on the loopback
+    os.environ[parent.LAUNCHER_PID] = str(os.getpid())  # the workers die with this process (parent.py)
     restarts = cfg.parallel.max_restarts
     with _quiet_agent():
         for attempt in range(restarts + 1):
+            ooms = oom.oom_kill_count()
             try:
                 _agent_run(cfg, out_dir)
                 return
             except ChildFailedError as e:
+                if preempt.read_record(out_dir) is not None and preempt.stopped_themselves(e.failures):
+                    raise  # a stop signal reached the workers only: not a failure, not restarted
+                e.oom_ranks = oom.oom_killed(oom.sigkilled(e.failures), ooms)  # read by describe_failure
+                if e.oom_ranks:
+                    from slimpar.train.validate.memory_floor import machine_text
+
+                    print(oom.oom_message(e.oom_ranks, machine_text(cfg)), file=sys.stderr, flush=True)
+                    raise
                 recorded = failure.read(out_dir)
                 if recorded is not None and restarts:
                     print(failure.not_retried(recorded[0]), file=sys.stderr, flush=True)  # its paragraph is above
@@ -144,7 +157,11 @@ def _agent_run(cfg: Config, out_dir: Path) -> None:
     lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.parallel.workers,
                       run_id=f"slimpar-{uuid.uuid4().hex[:8]}", rdzv_backend=local_rdzv.register(),
                       rdzv_endpoint=f"{local_rdzv.LOOPBACK}:0", local_addr=local_rdzv.LOOPBACK, max_restarts=0,
-                      monitor_interval=0.1)  # every socket of the job on the loopback (local_rdzv.py)
+                      monitor_interval=0.1,  # every socket of the job on the loopback (local_rdzv.py)
+                      # the agent forwards a stop signal to the workers and waits for their save (preempt.py):
+                      # longer than their own grace timer, after which it would SIGKILL them
+                      signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+                      shutdown_timeout=math.ceil(cfg.checkpoint.on_signal_s) + SHUTDOWN_MARGIN_S)
     # each worker runs ``python -m slimpar.train.launch.worker_entry`` (why: worker_entry.py) with this slimpar
     entry = "slimpar.train.launch.worker_entry"
     elastic_launch(lc, sys.executable)("-m", entry, json.dumps(to_dict(cfg)), str(out_dir))
@@ -157,21 +174,27 @@ def describe_failure(e: BaseException) -> str:
     The agent stamps a failure without an error file in whole seconds, so a worker killed by a signal and the
     survivor that then exited with code 1 ("lost a peer") often share a time stamp, and the earliest-stamp rule
     (``get_first_failure``) alone named the survivor. The cause is taken in this order: a worker killed by a signal
-    other than the SIGTERM that the agent sends the others, then one that exited with an error code, then any;
-    within each, the earliest."""
+    other than the SIGTERM that the agent sends the others, then one that exited with an error code other than
+    143 (a survivor that took that SIGTERM as a stop request: preempt.py), then any; within each, the earliest.
+    A worker that ``_elastic`` found killed by the kernel's out-of-memory killer (``e.oom_ranks``) comes first."""
     import signal
 
     failures = getattr(e, "failures", None)
     if not failures:
         return "a worker failed"
+    oom_ranks = getattr(e, "oom_ranks", ())
 
     def cause(item: tuple[int, object]) -> tuple[int, float, int]:
         rank, f = item
-        order = 0 if f.exitcode < 0 and f.exitcode != -signal.SIGTERM else 1 if f.exitcode > 0 else 2
+        closed = f.exitcode in (-signal.SIGTERM, preempt.EXIT_CODE)
+        order = 0 if f.exitcode < 0 and not closed else 1 if f.exitcode > 0 and not closed else 2
+        order = -1 if rank in oom_ranks else order  # the kernel's out-of-memory kill first (oom.py)
         return order, f.timestamp, rank
 
     rank, f = min(failures.items(), key=cause)
     code = f.exitcode
+    if rank in oom_ranks:
+        return f"rank {rank} was killed by the kernel's out-of-memory killer (SIGKILL)"
     if code < 0:
         try:
             return f"rank {rank} was killed by {signal.Signals(-code).name}"

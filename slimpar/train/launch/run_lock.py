@@ -7,6 +7,13 @@ pid. The launching process holds the lock (rank 0 under torchrun), through every
 
 Written by hand on ``fcntl.flock`` (POSIX, this project's platform): the kernel drops the lock when its process
 ends, however it ends (a crash or ``kill -9`` leaves no stale lock), which a pid file alone cannot give.
+
+The launcher's lock alone ends with the launcher, and workers can outlive it by seconds: a killed launcher's
+workers finish their step and save (:mod:`slimpar.train.launch.parent`). So every worker of a launcher also
+holds a lock of its own, ``<out>/.slimpar-workers/<host>-<launcher pid>-<pid>.lock``, until it exits
+(:func:`hold_worker_lock`); a new job that finds one of another launcher on this host still locked stops and
+names the pids. The files of the job's own launcher are skipped (under torchrun rank 0 takes the run lock while
+its sibling ranks may already hold theirs), and a file nobody holds is a dead worker's and is removed.
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 from slimpar.config import ConfigError
 
 LOCK = ".slimpar.lock"
+WORKERS = ".slimpar-workers"  # one lock file per live worker of a launcher
 
 
 class RunFolderInUse(ConfigError):
@@ -43,6 +52,62 @@ def run_lock(out_dir: Path) -> Iterator[None]:
                 f"pass another --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _refuse_live_workers(out_dir)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _job_key(launcher: int) -> str:
+    return f"{socket.gethostname()}-{launcher}"
+
+
+def hold_worker_lock(out_dir: Path) -> None:
+    """Lock this worker's file in ``out_dir``'s worker folder for the rest of this process (the descriptor stays
+    open on purpose: the kernel releases the lock when the process ends). Best effort: a file system without
+    ``flock`` leaves the launcher's lock alone."""
+    folder = Path(out_dir) / WORKERS
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / f"{_job_key(os.getppid())}-{os.getpid()}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        return
+
+
+def live_workers(out_dir: Path) -> list[int]:
+    """Pids of workers of other launchers on this host that still hold their lock in ``out_dir``; the files of
+    exited workers are removed. The caller holds the run lock, so no new worker of another job appears meanwhile."""
+    own = _job_key(os.getpid()), _job_key(os.getppid())  # slimpar's launcher itself; a torchrun rank's agent
+    host = f"{socket.gethostname()}-"
+    pids = []
+    folder = Path(out_dir) / WORKERS
+    for path in sorted(folder.glob(f"{host}*.lock")) if folder.is_dir() else []:
+        if path.name.rsplit("-", 1)[0] in own:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink(missing_ok=True)  # its worker has exited
+        except BlockingIOError:
+            pids.append(int(path.stem.rsplit("-", 1)[1]))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return pids
+
+
+def _refuse_live_workers(out_dir: Path) -> None:
+    pids = live_workers(out_dir)
+    if pids:
+        listed = " ".join(map(str, pids))
+        raise RunFolderInUse(
+            f"run folder {out_dir} is in use by {len(pids)} worker(s) of an earlier slimpar train job whose launcher "
+            f"is gone (pids {listed}): they are finishing their step and saving it, and exit at the latest "
+            f"checkpoint.on_signal_s after their launcher's end. Wait for them, stop them (kill {listed}), or pass "
+            "another --out")

@@ -22,9 +22,10 @@ from slimpar.config import Config, ConfigError, from_dict
 from slimpar.data.errors import DataUnavailable
 from slimpar.sdp.holders import ReplicaMismatch
 from slimpar.train.guard import TrainingDiverged
-from slimpar.train.launch import failure
+from slimpar.train.launch import failure, parent, preempt
 from slimpar.train.launch.context import RunContext, init_context
 from slimpar.train.launch.elastic import restart_count
+from slimpar.train.launch.run_lock import hold_worker_lock
 from slimpar.train.trainer import Trainer
 
 
@@ -36,9 +37,21 @@ def worker_main(cfg_dict: dict, out_dir: str) -> None:
     """
     cfg = from_dict(cfg_dict)
     previous = _quiet_ctrl_c()
+    main = int(os.environ.get("RANK", "0")) == 0
+    stop = preempt.StopRequest(cfg.checkpoint.on_signal_s, Path(out_dir), main)
+    stop.install()  # SIGTERM / SIGUSR1: save at the step boundary and exit 143 (preempt.py)
+    if "RANK" in os.environ:  # a worker of a launcher: the run folder stays locked until this process has exited
+        hold_worker_lock(Path(out_dir))
     try:
-        _run(cfg, out_dir)
+        _run(cfg, out_dir, stop)
+    except preempt.Preempted as e:  # before the training loop: nothing of this invocation to save
+        if main:
+            record = {"signal": str(e), "before_training": True, "newest": preempt.newest_step(Path(out_dir))}
+            preempt.write_record(Path(out_dir), record)
+            _speak_if_alone(record, out_dir)
+        raise SystemExit(preempt.EXIT_CODE) from None
     finally:  # an elastic worker that was interrupted keeps ignoring SIGINT until it has exited
+        stop.uninstall()
         interrupted = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         if previous is not None and not (interrupted and "TORCHELASTIC_RUN_ID" in os.environ):
             signal.signal(signal.SIGINT, previous)
@@ -60,9 +73,19 @@ def _quiet_ctrl_c():
     return signal.signal(signal.SIGINT, interrupted)
 
 
-def _run(cfg: Config, out_dir: str) -> None:
+def _speak_if_alone(record: dict, out_dir: str) -> None:
+    """Rank 0 of slimpar's launcher prints a stop's closing line itself where the launcher is gone (killed: its
+    death signal stopped this worker); otherwise the launching process prints it (preempt.py)."""
+    if parent.launcher_pid() is not None and not parent.launcher_alive():
+        again = os.environ.get(preempt.RESUME_ENV, "the same command")
+        print(preempt.stop_message(record, again, Path(out_dir)), file=sys.stderr, flush=True)
+
+
+def _run(cfg: Config, out_dir: str, stop: preempt.StopRequest) -> None:
     if restart_count() > 0:
         cfg.checkpoint.resume = True
+        if (preempt.read_record(out_dir) or {}).get("saved"):  # torchrun's agent restarts stopped workers: stop
+            raise SystemExit(preempt.EXIT_CODE)
         recorded = failure.read(out_dir)
         if recorded is not None:  # torchrun's agent restarts regardless: end at once (failure.py)
             if int(os.environ.get("RANK", "0")) == 0:
@@ -72,13 +95,17 @@ def _run(cfg: Config, out_dir: str) -> None:
     init_attempt_group(cfg)
     ctx = init_context(cfg, Path(out_dir))
     try:
-        Trainer(cfg, ctx).run()
+        Trainer(cfg, ctx, stop).run()
         if dist.is_initialized() and dist.get_world_size() > 1:
             # every rank done before any tears down: gloo can abort (SIGABRT) in destroy_process_group
             # while a peer still has a send in flight, which would turn a finished run into a failed one
             dist.barrier()
     except KeyboardInterrupt:  # Ctrl-C reaches every worker: the launcher says where the run is, once
         raise SystemExit(130) from None
+    except preempt.Stopped:  # every rank saved the step's checkpoint; rank 0 recorded it (preempt.py)
+        if ctx.is_main:
+            _speak_if_alone(preempt.read_record(Path(out_dir)) or {}, out_dir)
+        raise SystemExit(preempt.EXIT_CODE) from None
     except TrainingDiverged as e:
         if ctx.is_main:  # every rank reached the same verdict; one message is enough
             print(f"slimpar: error: {e}", file=sys.stderr, flush=True)
@@ -99,6 +126,8 @@ def _run(cfg: Config, out_dir: str) -> None:
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as e:  # DCP's CheckpointException derives from BaseException
+        if stop.signum and isinstance(e, Exception):  # a peer that stopped first (preempt.py): the stop says it all
+            raise SystemExit(preempt.EXIT_CODE) from None
         if peer_lost(e):  # a dead peer (a node gone): one paragraph; an elastic agent re-forms the job
             print(peer_lost_message(e, ctx), file=sys.stderr, flush=True)
             raise SystemExit(1) from None

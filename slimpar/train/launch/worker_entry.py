@@ -4,7 +4,9 @@ The launcher starts each worker as this command, as torchrun starts a script, ra
 Python function: a spawned child imports torch (seconds) before any slimpar code runs, so a terminal's
 Ctrl-C in those seconds printed the traceback of an interrupted import. Here the first statement installs a
 start-up handler that ends the worker with exit 130 and no output (nothing is written before
-``worker_main``, which replaces it by the training handler), and only then is torch imported.
+``worker_main``, which replaces it by the training handler), and only then is torch imported. SIGTERM and SIGUSR1
+(the stop signals) get the same start-up handler with exit 143, and the worker asks to die with its launcher
+(:mod:`slimpar.train.launch.parent`) before anything else.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import signal
 
 
 def _interrupted_while_starting(signum, frame) -> None:
-    os._exit(130)  # nothing to clean up: no process group, no file written yet
+    os._exit(130 if signum == signal.SIGINT else 143)  # nothing to clean up: no process group, no file written yet
 
 
 def main(argv: list[str]) -> None:
@@ -26,7 +28,11 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, _interrupted_while_starting)
+    for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(_sig, _interrupted_while_starting)
+    from slimpar.train.launch.parent import die_with_parent, launcher_pid
+
+    die_with_parent(launcher_pid())
     import sys
 
     main(sys.argv)

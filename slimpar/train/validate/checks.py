@@ -62,6 +62,7 @@ RANGES: dict[str, Range] = {
     "eval.batch_size": Range(0, MAX_EVAL_BATCH, lo_open=True, why="sequences or images per validation batch"),
     "checkpoint.every": Range(0, why="0 = only at the end"),
     "checkpoint.keep_last": Range(0, why="0 = keep every checkpoint"),
+    "checkpoint.on_signal_s": Range(0, 86400, lo_open=True, why="seconds a stop signal leaves for the step and save"),
     "parallel.max_restarts": Range(0, 100, why="restarts of the whole job after a failed worker"),
     "log.every": Range(0, lo_open=True), "log.measure_step": Range(0),
 }

@@ -1,0 +1,73 @@
+"""Save on preemption (issue 40, slimpar/train/launch/preempt.py): the stop request's states, its grace timer, and the
+closing line the launcher derives from what ended the job. The runs themselves: tests/distributed/test_preemption.py."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+from slimpar.train.launch import preempt
+from tests.helpers import ROOT
+
+AGAIN = "slimpar train --out run"
+
+
+def test_a_stop_request_raises_before_the_loop_flags_in_it_and_ends_at_its_grace(tmp_path):
+    """In a child process (the grace timer ends its process): before ``arm`` SIGTERM raises Preempted; after it the
+    handler only notes the signal, which a one-process ``agreed`` returns; past the grace the process exits 143
+    and rank 0's record says nothing was saved."""
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from pathlib import Path
+        from slimpar.train.launch.preempt import Preempted, StopRequest
+        early = StopRequest(60, Path({str(tmp_path)!r}), is_main=True)
+        early.install()
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            print("not raised")
+        except Preempted as e:
+            print("preempted", e)
+        stop = StopRequest(0.5, Path({str(tmp_path)!r}), is_main=True)
+        stop.install()
+        stop.arm()
+        print("agreed before", stop.agreed(None, None))
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("agreed after", stop.agreed(None, None), flush=True)
+        time.sleep(10)
+        print("still alive")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert proc.stdout.splitlines() == ["preempted SIGUSR1", "agreed before 0", f"agreed after {int(signal.SIGTERM)}"]
+    assert proc.returncode == preempt.EXIT_CODE, proc.stderr
+    record = json.loads((tmp_path / preempt.RECORD).read_text())
+    assert record["signal"] == "SIGTERM" and record["saved"] is False and record["grace_s"] == 0.5
+    # no slimpar launcher is its parent, so the process that ends at the grace says so itself
+    assert "stopped by SIGTERM without a checkpoint" in proc.stderr and "on_signal_s = 0.5 s" in proc.stderr
+
+
+def _failure(code: int) -> SimpleNamespace:
+    return SimpleNamespace(exitcode=code, pid=1, timestamp=0)
+
+
+def test_the_closing_line_tells_a_stop_from_a_failure(tmp_path):
+    assert preempt.closing_line(KeyboardInterrupt(), tmp_path, AGAIN) is None
+    line = preempt.closing_line(preempt.Preempted(signal.SIGTERM), tmp_path, AGAIN)
+    assert line.startswith("slimpar: stopped by SIGTERM before its first step: nothing to save") and AGAIN in line
+    agent = SimpleNamespace(sigval=signal.SIGUSR1)  # the elastic agent's SignalException, no record yet
+    assert "stopped by SIGUSR1 without a checkpoint" in preempt.closing_line(agent, tmp_path, AGAIN)
+    workers_only = SimpleNamespace(failures={0: _failure(143), 1: _failure(143)})  # ChildFailedError
+    assert preempt.closing_line(workers_only, tmp_path, AGAIN) is None  # no record: not known to be a stop
+    preempt.write_record(tmp_path, {"signal": "SIGTERM", "saved": True, "step": 7, "checkpoint": "run/ck/7"})
+    line = preempt.closing_line(workers_only, tmp_path, AGAIN)
+    assert line == (f"slimpar: stopped by SIGTERM: every rank finished step 7 and saved its checkpoint (run/ck/7); "
+                    f"the run folder is {tmp_path}; to resume it: {AGAIN}")
+    # a worker that died otherwise makes it a failure, whatever the survivors did with the agent's SIGTERM
+    lost = SimpleNamespace(failures={0: _failure(143), 1: _failure(-signal.SIGKILL)})
+    assert preempt.closing_line(lost, tmp_path, AGAIN) is None
+    assert preempt.closing_line(SystemExit(preempt.EXIT_CODE), tmp_path, AGAIN) == line
+    assert preempt.closing_line(SystemExit(1), tmp_path, AGAIN) is None
