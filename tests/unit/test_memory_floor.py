@@ -102,3 +102,33 @@ def test_a_1b_sdp_run_of_4_workers_is_refused_on_a_24_gib_machine(tmp_path, caps
         cfg = load_config(TINY, [*args[2:], f"--{flag}", value])
         need, _ = memory_floor.need_bytes(cfg, VOCAB)
         assert need <= 0.75 * 24 * GiB, setting
+
+
+def test_near_the_edge_the_prediction_of_plan_memory_decides(monkeypatch):
+    """Where the floor takes half the memory or more, the launcher predicts the heaviest worker here (FakeTensorMode,
+    as ``slimpar plan --memory``) and scales every worker's floor by its peak over its floor; below half it does not
+    predict at all (slimpar/train/memory/floor_check.py)."""
+    from slimpar.config import ConfigError
+    from slimpar.train.memory import floor_check, predict
+    from slimpar.train.validate.memory_floor import need_bytes
+
+    cfg = _cfg("--parallel.mode", "sdp", "--sdp.keep", "0.5", "--model.vocab_size", str(VOCAB))
+    need, _ = need_bytes(cfg, VOCAB)
+    floors = rank_floors(cfg, VOCAB)
+    monkeypatch.setattr(memory_floor, "machine_bytes", lambda cfg: 3 * need)  # a third: no prediction
+    monkeypatch.setattr(predict, "predict_memory", lambda *a, **k: pytest.fail("predicted below the edge"))
+    floor_check.check_predicted_floor(cfg)
+    monkeypatch.undo()
+    real, seen = predict.predict_memory, {}
+    monkeypatch.setattr(predict, "predict_memory",  # the real prediction, made once for both uses below
+                        lambda c, ranks, vocab: seen.get(tuple(ranks)) or seen.setdefault(tuple(ranks),
+                                                                                          real(c, ranks, vocab)))
+    heaviest = max(range(2), key=floors.__getitem__)
+    peak = predict.predict_memory(cfg, [heaviest], VOCAB)[0]["peak_live"] + PROCESS_BYTES
+    predicted = need * peak / floors[heaviest]
+    assert predicted > need  # a step allocates more than the floor
+    monkeypatch.setattr(memory_floor, "machine_bytes", lambda cfg: int(predicted) - (1 << 20))
+    with pytest.raises(ConfigError, match=f"predicts .* for rank {heaviest}") as e:
+        floor_check.check_predicted_floor(cfg)
+    assert "this run's predicted peak is" in str(e.value) and "worker(s) here" in str(e.value)
+    assert list(seen) == [(heaviest,)]  # one rank predicted: the heaviest
