@@ -73,7 +73,7 @@ def _meta_model(cfg: Config, vocab: int | None):
         if len(_MODELS) >= 4:
             _MODELS.clear()
         with torch.device("meta"):
-            _MODELS[key] = build_model(cfg, _Vocab() if vocab else None)
+            _MODELS[key] = build_model(cfg, _Vocab() if vocab and cfg.model.arch == "llama" else None)
     return _MODELS[key]
 
 
