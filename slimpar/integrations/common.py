@@ -21,7 +21,7 @@ from torch import nn
 
 from slimpar.sdp.apply import Subnet
 from slimpar.sdp.comm import GroupComm, LocalComm
-from slimpar.sdp.holders import HolderSync, holder_sets
+from slimpar.sdp.holders import HolderSync, holder_sets, refresh_sets
 from slimpar.sdp.plan import Plan
 from slimpar.sdp.planner import plan_model
 from slimpar.sdp.wrapper import SubnetworkDataParallel
@@ -92,10 +92,11 @@ def holder_sync(model: nn.Module, plan: Plan, subnet: Subnet, group: dist.Proces
     it creates one process group per distinct holder set. Worker w is group ranks w·fsdp .. w·fsdp + fsdp − 1.
     """
     group = group if group is not None else default_group()
+    refresh = refresh_sets(plan) if subnet.regime == "backward" else {}  # once: for the groups and the sync
     if group is None:
         comm = LocalComm(1)
     else:
-        comm = GroupComm(holder_sets(plan, subnet.regime), plan.world_size, group, fsdp, timeout)
+        comm = GroupComm(holder_sets(plan, subnet.regime, refresh), plan.world_size, group, fsdp, timeout)
     worker = comm.workers[0]
     return HolderSync({worker: (model, subnet)}, plan, comm, subnet.regime, bucket_mb, overlap=fsdp == 1,
-                      refresh_every=refresh_every)
+                      refresh_every=refresh_every, refresh=refresh)

@@ -34,12 +34,16 @@ class Done:
 
 
 class GroupComm:
-    """Holder-set collectives on process groups; this process is SDP worker ``worker`` (shard ``shard``)."""
+    """Holder-set collectives on process groups; this process is SDP worker ``worker`` (shard ``shard``).
+    ``factory``: a :class:`GroupFactory` over ``parent`` whose groups to reuse (e.g. holder-sharded FSDP2's),
+    so that no set gets a second group; by default a new one with ``timeout``."""
 
     def __init__(self, holder_sets: list[Key], n_workers: int, parent: dist.ProcessGroup | None = None,
-                 fsdp: int = 1, timeout: timedelta | None = None):
+                 fsdp: int = 1, timeout: timedelta | None = None, factory: GroupFactory | None = None):
         self.parent = dist.group.WORLD if parent is None else parent
-        self.factory = GroupFactory(parent, timeout)
+        self.factory = factory if factory is not None else GroupFactory(parent, timeout)
+        if self.factory.parent is not self.parent:
+            raise ValueError("GroupComm's factory must create sub-groups of its parent group")
         self.fsdp = fsdp
         self.worker, self.shard = divmod(dist.get_rank(self.parent), fsdp)
         self.workers = [self.worker]

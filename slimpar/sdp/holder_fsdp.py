@@ -10,7 +10,8 @@ over all workers while activations and all-gathers scale with the blocks a worke
 Communication phases: FSDP2 all-gathers a held block's shards within its holder group before its
 forward and backward and reduce-scatters its gradient within the same group; the root does the same
 for the shared parameters over all workers. The holder groups are sub-groups of the SDP group (any
-group), created on every rank in the same order by :class:`slimpar.parallel.groups.GroupFactory`.
+group), created on every rank in the same order by :class:`slimpar.parallel.groups.GroupFactory`; pass the
+same factory to ``SubnetworkDataParallel(groups=...)`` and its holder sync reuses them (one group per set).
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from slimpar.sdp.plan import Plan
 
 def shard_over_holders(model: nn.Module, plan: Plan, rank: int, device: torch.device,
                        timeout: timedelta | None = None, group: dist.ProcessGroup | None = None,
-                       mp_policy=None) -> None:
+                       mp_policy=None, factory: GroupFactory | None = None) -> None:
     """FSDP2-shard each held block over its holder group (worker ``rank`` of the SDP ``group``, default the
-    world); ``timeout`` bounds those groups' collectives; ``mp_policy``: FSDP2's ``MixedPrecisionPolicy``."""
+    world); ``timeout`` bounds those groups' collectives; ``mp_policy``: FSDP2's ``MixedPrecisionPolicy``;
+    ``factory``: the :class:`GroupFactory` over ``group`` to create the groups with (and remember them)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    groups = GroupFactory(group, timeout).create(plan.distinct_holder_sets)
+    groups = (factory if factory is not None else GroupFactory(group, timeout)).create(plan.distinct_holder_sets)
     meshes = {hs: DeviceMesh.from_group(g, device.type) for hs, g in groups.items()}
     ignored: set[nn.Parameter] = set()
     sharded: list[tuple[tuple[int, ...], nn.Module]] = []

@@ -40,10 +40,12 @@ def refresh_sets(plan: Plan) -> dict[int, tuple[int, ...]]:
     return {c: refresh_members(plan, c, root) for c, root in refresh_roots(plan).items()}
 
 
-def holder_sets(plan: Plan, regime: str) -> list[tuple[int, ...]]:
-    """Every set of workers that communicates: the holder sets, and the backward regime's refresh sets."""
-    extra = list(refresh_sets(plan).values()) if regime == "backward" else []
-    return list(plan.distinct_holder_sets) + extra
+def holder_sets(plan: Plan, regime: str, refresh: dict[int, tuple[int, ...]] | None = None) -> list[tuple[int, ...]]:
+    """Every set of workers that communicates: the holder sets, and the backward regime's refresh sets
+    (``refresh``: those :func:`refresh_sets` gave, when the caller has them already)."""
+    if regime != "backward":
+        return list(plan.distinct_holder_sets)
+    return list(plan.distinct_holder_sets) + list((refresh_sets(plan) if refresh is None else refresh).values())
 
 
 class ReplicaMismatch(RuntimeError):
@@ -60,19 +62,23 @@ class HolderSync:
         fsdp_does_averaging: holder-sharded FSDP2 (:mod:`slimpar.sdp.holder_fsdp`) averages in its own
             reduce-scatter: no gradient sync here, and every element lives on exactly one shard.
         reduce_dtype: dtype of the holder sums (default fp32, whatever the parameters' dtype; None: theirs).
+        refresh: the backward regime's :func:`refresh_sets`, when the caller computed them (for its groups).
     """
 
     def __init__(self, workers: dict[int, tuple[nn.Module, Subnet]], plan: Plan, comm, regime: str = "forward",
                  bucket_mb: float = 25.0, overlap: bool = True, refresh_every: int = 1,
                  fsdp_does_averaging: bool = False, accumulations: int = 1,
-                 reduce_dtype: torch.dtype | None = torch.float32):
+                 reduce_dtype: torch.dtype | None = torch.float32,
+                 refresh: dict[int, tuple[int, ...]] | None = None):
         self.plan, self.comm, self.regime, self.refresh_every = plan, comm, regime, refresh_every
         self.modules = {w: m for w, (m, _) in workers.items()}
         self.subs = {w: sub for w, (_, sub) in workers.items()}
         for w, sub in self.subs.items():
             _bind(sub, self.modules[w])
         self.fsdp_does_averaging = fsdp_does_averaging
-        self.refresh_sets = refresh_sets(plan) if regime == "backward" else {}
+        if regime != "backward":
+            refresh = {}
+        self.refresh_sets = refresh_sets(plan) if refresh is None else refresh
         self.steps, self.last_drift = 0, 0.0
         self.everyone = tuple(range(plan.world_size))
         self.grad_sync: GradSync | None = None

@@ -9,9 +9,10 @@ then pass the ``subnet`` here; the sync binds to the module's parameters as they
 
 Communication phases (details in :mod:`slimpar.sdp.holders`):
 
-1. construction (collective over the default group): one process group per distinct holder set,
-   created on every rank in the same order (:class:`slimpar.parallel.groups.GroupFactory`); no
-   parameters are sent (the model is built from the same seed everywhere);
+1. construction (collective over the default group): one process group per distinct holder set
+   (backward regime: and per refresh set, its roots computed once), created on every rank in the same
+   order (:class:`slimpar.parallel.groups.GroupFactory`; with ``groups``, sets that factory created
+   already are reused); no parameters are sent (the model is built from the same seed everywhere);
 2. every step, during backward: holder-set averaging of gradients, bucketed and overlapped with
    backward; ``sync()`` waits for it;
 3. gradient clipping: one scalar all-reduce over the group;
@@ -29,9 +30,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slimpar.parallel.groups import GroupFactory
 from slimpar.sdp.apply import Subnet, apply_subnet
 from slimpar.sdp.comm import GroupComm, LocalComm
-from slimpar.sdp.holders import HolderSync, holder_sets
+from slimpar.sdp.holders import HolderSync, holder_sets, refresh_sets
 from slimpar.sdp.plan import Plan
 
 
@@ -51,6 +53,8 @@ class SubnetworkDataParallel(nn.Module):
         bucket_mb: bucket size for gradient all-reduces; ``overlap``: launch them during backward.
         refresh_every: backward regime: refresh non-held blocks every T steps.
         timeout: bound on every collective of the holder groups.
+        groups: the :class:`GroupFactory` over ``group`` that created the caller's groups (holder-sharded
+            FSDP2's): the holder sync reuses them instead of creating every holder group a second time.
         reduce_dtype: dtype of the holder-group gradient sums (default fp32, also for bf16 parameters;
             None: the parameters' own dtype).
     """
@@ -59,7 +63,7 @@ class SubnetworkDataParallel(nn.Module):
                  group: dist.ProcessGroup | None = None, bucket_mb: float = 25.0, refresh_every: int = 1,
                  overlap: bool = True, subnet: Subnet | None = None, fsdp: int = 1,
                  fsdp_does_averaging: bool = False, timeout: timedelta | None = None,
-                 reduce_dtype: torch.dtype | None = torch.float32):
+                 reduce_dtype: torch.dtype | None = torch.float32, groups: GroupFactory | None = None):
         super().__init__()
         if group is None and dist.is_initialized():
             group = dist.group.WORLD
@@ -77,11 +81,12 @@ class SubnetworkDataParallel(nn.Module):
         self.sub: Subnet = subnet
         self.skeleton = [subnet.skeleton]  # a list: not a child module
         self.module = module
-        comm = (GroupComm(holder_sets(plan, regime), plan.world_size, group, fsdp, timeout)
+        refresh = refresh_sets(plan) if regime == "backward" else {}  # once: its roots are a greedy search
+        comm = (GroupComm(holder_sets(plan, regime, refresh), plan.world_size, group, fsdp, timeout, groups)
                 if group is not None else LocalComm(1))
         self.holders = HolderSync({self.rank: (module, subnet)}, plan, comm, regime, bucket_mb,
                                   overlap and fsdp == 1, refresh_every, fsdp_does_averaging,
-                                  reduce_dtype=reduce_dtype)
+                                  reduce_dtype=reduce_dtype, refresh=refresh)
 
     @property
     def grad_sync(self):

@@ -9,6 +9,7 @@ from torch import nn
 
 from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.parallel.compile import apply_compile
+from slimpar.parallel.groups import GroupFactory
 from slimpar.parallel.precision import DTYPES, fsdp_kwargs
 from slimpar.train.strategies.base import Strategy, mixed_precision_policy
 from slimpar.train.strategies.sdp_plan import (
@@ -62,17 +63,19 @@ class SDPStrategy(Strategy):
         if cfg.train.compile:
             apply_compile(model_blocks(model), cfg.train.compile_backend)
         model.to(ctx.device)
+        # one factory for FSDP2's groups and the holder sync's: holder-sharded FSDP2 and the sync share sets
+        groups = GroupFactory(ctx.group, ctx.timeout) if cfg.sdp.holder_shard or f > 1 else None
         if cfg.sdp.holder_shard:
             from slimpar.sdp.holder_fsdp import shard_over_holders
 
             shard_over_holders(model, self.plan, ctx.rank, ctx.device, ctx.timeout, ctx.group,
-                               mp_policy=mixed_precision_policy(cfg))
+                               mp_policy=mixed_precision_policy(cfg), factory=groups)
         if f > 1:
-            _shard_within_workers(model, ctx, f, mixed_precision_policy(cfg))
+            _shard_within_workers(model, ctx, f, groups, mixed_precision_policy(cfg))
         return SubnetworkDataParallel(model, self.plan, regime=cfg.sdp.regime, group=ctx.group,
                                       refresh_every=cfg.sdp.refresh_every, subnet=sub, fsdp=f,
                                       fsdp_does_averaging=cfg.sdp.holder_shard, timeout=ctx.timeout,
-                                      reduce_dtype=DTYPES[cfg.sdp.reduce_dtype])
+                                      reduce_dtype=DTYPES[cfg.sdp.reduce_dtype], groups=groups)
 
     @property
     def checkpoint_module(self):
@@ -226,15 +229,13 @@ class SDPStrategy(Strategy):
         return refresh_root_bytes(self.cfg, self.plan, self.ctx.rank)
 
 
-def _shard_within_workers(model: nn.Module, ctx, f: int, mp_policy=None) -> None:
-    """``sdp.fsdp`` = F: FSDP2 over each SDP worker's F ranks (per block, then the root)."""
+def _shard_within_workers(model: nn.Module, ctx, f: int, groups: GroupFactory, mp_policy=None) -> None:
+    """``sdp.fsdp`` = F: FSDP2 over each SDP worker's F ranks (per block, then the root), groups from ``groups``."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    from slimpar.parallel.groups import GroupFactory
-
     ranks = [tuple(range(w * f, (w + 1) * f)) for w in range(ctx.world // f)]
-    mine = GroupFactory(ctx.group, ctx.timeout).create(ranks)[ranks[ctx.rank // f]]
+    mine = groups.create(ranks)[ranks[ctx.rank // f]]
     mesh = DeviceMesh.from_group(mine, ctx.device.type)
     for block in model_blocks(model).values():
         fully_shard(block, mesh=mesh, **fsdp_kwargs(mp_policy))
