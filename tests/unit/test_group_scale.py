@@ -158,3 +158,13 @@ def test_plan_reports_the_groups_created_and_joined(capsys, n, fsdp, regime, cre
     assert line.startswith(f"process groups: {created} created on every rank")
     assert ("refresh roots computed in" in line) == (regime == "backward")
 
+
+def test_the_group_bench_counts_what_plan_reports(tmp_path):
+    from slimpar.bench.group_scale import bench_groups
+
+    rows = bench_groups(tmp_path, workers=(8,), rows=(("backward", False), ("forward", True)), rounds=1)["rows"]
+    assert [(r["regime"], r["new_group_calls"], r["wrapper_new_group_calls"], r["created"]) for r in rows] == \
+        [("backward", 16, 16, 16), ("forward", 8, 8, 8)]  # holder_shard: FSDP2's 8 groups, reused by the sync
+    assert all(r["per_worker_min"] <= r["rank0_joins"] <= r["per_worker_max"] for r in rows)
+    assert "| 8 | backward | False |" in (tmp_path / "report.md").read_text()
+    assert not dist.is_initialized()
