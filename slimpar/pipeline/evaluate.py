@@ -68,10 +68,10 @@ def evaluate_pipeline(stages: list[StageModule], links_in: dict[int, Link], link
                 if i % replicas != replica:
                     continue
                 device = next(stages[0].parameters()).device
-                x, y = x.to(device), y.to(device)
-                logits = forward_batch(stages, links_in, links_out, x)
-                if logits is not None:
-                    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum")
+                logits = forward_batch(stages, links_in, links_out, x.to(device))
+                if logits is not None:  # y stays on the host for its byte count
+                    target = y.to(device).reshape(-1)
+                    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target, reduction="sum")
                     sums[half(i, len(batches))] += torch.tensor([float(nll), y.numel(), float(target_bytes(y) or 0)],
                                                                 dtype=torch.float64)
             if reduce is not None:

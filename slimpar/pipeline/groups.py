@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -78,5 +77,5 @@ def layout_mesh(layout: PipelineLayout, groups: PipelineGroups, device_type: str
     ``mesh["dp"]`` is this stage's replica group, ``mesh["pp"]`` this replica's pipeline. None when R = 1."""
     if groups.replica is None:
         return None
-    ranks = torch.arange(layout.stages * layout.replicas).view(layout.replicas, layout.stages)
+    ranks = [[r * layout.stages + s for s in range(layout.stages)] for r in range(layout.replicas)]  # (R, S)
     return DeviceMesh.from_group([groups.replica, groups.pipeline], device_type, ranks, mesh_dim_names=("dp", "pp"))

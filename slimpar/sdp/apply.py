@@ -60,6 +60,11 @@ def _delete_module(model: nn.Module, path: str) -> None:
         setattr(container, key, None)
 
 
+def unit_position(idx: torch.Tensor, unit: int) -> int:
+    """Where global unit ``unit`` sits in a local index list (``Subnet.index_map``: host bookkeeping)."""
+    return int((idx == unit).nonzero()[0])
+
+
 def _layer_units(plan: Plan, rank: int) -> dict[str, list[tuple[int, Component]]]:
     """Neuron components per layer, with whether each is held by ``rank``; columns in plan order."""
     out: dict[str, list[tuple[int, Component]]] = {}
@@ -71,7 +76,7 @@ def _layer_units(plan: Plan, rank: int) -> dict[str, list[tuple[int, Component]]
 
 def _slice_tensor(module: nn.Module, attr: str, dim: int, idx: torch.Tensor, is_param: bool) -> None:
     full = getattr(module, attr)
-    small = full.detach().index_select(dim, idx).clone()
+    small = full.detach().index_select(dim, idx.to(full.device)).clone()  # the unit list is host bookkeeping
     if is_param:
         setattr(module, attr, nn.Parameter(small, requires_grad=full.requires_grad))
     else:
@@ -130,7 +135,8 @@ def _split_layer(model: nn.Module, sub: Subnet, units: list[tuple[int, Component
 def _split_param(model: nn.Module, sub: Subnet, name: str, dim: int, perm: torch.Tensor, n_held: int):
     mod_path, _, attr = name.rpartition(".")
     module = model.get_submodule(mod_path)
-    full = getattr(module, attr).detach().index_select(dim, perm)
+    weight = getattr(module, attr).detach()
+    full = weight.index_select(dim, perm.to(weight.device))  # CUDA's index_select takes a device index only
     held = nn.Parameter(full.narrow(dim, 0, n_held).clone())
     frozen = full.narrow(dim, n_held, full.shape[dim] - n_held).clone()
     del module._parameters[attr]

@@ -136,7 +136,7 @@ class BatchedSDP:
                              f"got {counts}")
         key = tuple(int(c) for c in counts)
         if key not in self._cache:
-            self._cache[key] = Rows.build(self.mask, key, self._device())
+            self._cache[key] = Rows.build(self.plan.mask, key, self._device())
         previous, self.current, self.counts = self.current, self._cache[key], list(key)
         try:
             yield self.current
@@ -173,9 +173,12 @@ class BatchedSDP:
 
     # --------------------------------------------------------------- full model
     @torch.no_grad()
-    def full_model(self, device: torch.device | str = "cpu", rescale: str = "none") -> nn.Module:
-        """A plain copy of the one model (unrouted; for evaluation and export); ``rescale="survival"`` scales
-        block c's residual branches by k_c / N, as ``HolderSync.gather_full_model`` does."""
+    def full_model(self, device: torch.device | str | None = None, rescale: str = "none") -> nn.Module:
+        """A plain copy of the one model (unrouted; for evaluation and export; on the model's device unless
+        ``device`` says); ``rescale="survival"`` scales block c's residual branches by k_c / N, as
+        ``HolderSync.gather_full_model`` does."""
+        if device is None:
+            device = next(self.model.parameters()).device
         full = materialize(self.skeleton, torch.device(device))
         mine = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
         for name, t in list(full.named_parameters()) + list(full.named_buffers()):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
@@ -35,19 +36,19 @@ class Rows:
     order: list[torch.Tensor]  # column -> where each row sits in cat([held rows, other rows])
 
     @classmethod
-    def build(cls, mask: torch.Tensor, counts: tuple[int, ...], device: torch.device) -> Rows:
-        """``mask``: (N, K) bool plan; ``counts``: rows per worker."""
-        n_rows = torch.tensor(counts)
-        worker = torch.repeat_interleave(torch.arange(len(counts)), n_rows)  # (B,) worker of each row
-        stops = torch.cumsum(n_rows, 0).tolist()
+    def build(cls, mask: np.ndarray, counts: tuple[int, ...], device: torch.device) -> Rows:
+        """``mask``: (N, K) plan; ``counts``: rows per worker. The bookkeeping is host arithmetic on the plan
+        (numpy); each index list is copied to ``device`` once, where the routed modules index activations."""
+        mask = np.asarray(mask, dtype=bool)
+        worker = np.repeat(np.arange(len(counts)), counts)  # (B,) worker of each row
+        stops = np.cumsum(counts).tolist()
         spans = [(stop - c, stop) for stop, c in zip(stops, counts, strict=True)]
         held, other, order = [], [], []
         for c in range(mask.shape[1]):
-            on = mask[worker, c]
-            h, o = on.nonzero().flatten(), (~on).nonzero().flatten()
-            held.append(h.to(device))
-            other.append(o.to(device))
-            order.append(torch.argsort(torch.cat([h, o])).to(device))
+            h, o = np.flatnonzero(mask[worker, c]), np.flatnonzero(~mask[worker, c])
+            held.append(torch.as_tensor(h, dtype=torch.long, device=device))
+            other.append(torch.as_tensor(o, dtype=torch.long, device=device))
+            order.append(torch.as_tensor(np.argsort(np.concatenate([h, o])), dtype=torch.long, device=device))
         return cls(spans, held, other, order)
 
 

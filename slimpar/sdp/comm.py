@@ -82,6 +82,16 @@ class GroupComm:
         """Worker ``root``'s (first shard's) tensor to every rank of the parent group (the full-model gather)."""
         dist.broadcast(t, src=self.factory.global_rank(root * self.fsdp), group=self.parent)
 
+    def send_to(self, t: torch.Tensor, src: int, dst: int) -> None:
+        """Worker ``src``'s (first shard's) tensor to worker ``dst``'s first shard, point to point (the gather to
+        one rank); other ranks and shards do nothing. Every pair's sends and receives come in the same order."""
+        if src == dst or self.shard:
+            return
+        if self.worker == src:
+            dist.send(t, group=self.parent, group_dst=dst * self.fsdp)
+        elif self.worker == dst:
+            dist.recv(t, group=self.parent, group_src=src * self.fsdp)
+
 
 class LocalComm:
     """Every SDP worker in this process: the same collectives as plain arithmetic (see the module docstring)."""
@@ -110,6 +120,9 @@ class LocalComm:
 
     def broadcast_from(self, t: torch.Tensor, root: int) -> None:
         """Nothing to send: the one full model was filled from worker ``root``'s tensor already."""
+
+    def send_to(self, t: torch.Tensor, src: int, dst: int) -> None:
+        """Nothing to send: every worker lives in this process."""
 
 
 def ring_sum(flats: list[torch.Tensor]) -> torch.Tensor:

@@ -1,8 +1,11 @@
 """Gather the full model from its holders (for evaluation, checkpoints and export).
 
-Every parameter and buffer of the full model is broadcast over the all-workers group from one
-holder: shared tensors from worker 0, a block's tensors from its first holder, and each
-neuron/channel slice from the first holder of its group. All ranks end with the full model.
+Every parameter and buffer of the full model is taken from one holder: shared tensors from worker 0,
+a block's tensors from its first holder, and each neuron/channel slice from the first holder of its
+group. Either broadcast over the all-workers group (every rank ends with the full model) or sent point
+to point to one rank only (the others hold nothing beyond their subnetwork: evaluation, where a rank
+may fit its subnetwork but not the full model beside it). Tensors are visited in the skeleton's order,
+the same on every rank, so the collectives (or the sends and receives of each pair) match.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import copy
 import torch
 from torch import nn
 
-from slimpar.sdp.apply import Subnet, meta_skeleton  # noqa: F401  (meta_skeleton: re-exported)
+from slimpar.sdp.apply import Subnet, meta_skeleton, unit_position  # noqa: F401  (meta_skeleton: re-exported)
 from slimpar.sdp.plan import Plan
 
 
@@ -47,45 +50,53 @@ def _owner_of(plan: Plan) -> dict[str, list[tuple[int, tuple[int, int] | None, i
 
 
 def gather_full_model(local_tensors: dict[int, dict[str, torch.Tensor]], skeleton: nn.Module, plan: Plan,
-                      subs: dict[int, Subnet], broadcast, device: torch.device) -> nn.Module:
+                      subs: dict[int, Subnet], move, device: torch.device, receives: bool = True) -> nn.Module | None:
     """Materialise ``skeleton`` and fill it from the holders (collective over the SDP workers).
 
     ``local_tensors[w]`` are the unsharded parameters and buffers, by name, of each worker w that lives in
-    this process; ``broadcast(t, w)`` sends worker w's value of ``t`` to every rank (a no-op when every
-    worker lives here)."""
-    full = materialize(skeleton, device)
+    this process; ``move(t, w)`` brings worker w's value of ``t`` to the receiving ranks (a broadcast to
+    every rank, a send to one, a no-op when every worker lives here). ``receives``: this rank builds the
+    model; otherwise it only hands ``move`` what it holds, and returns None."""
+    full = materialize(skeleton, device) if receives else None
     owners = _owner_of(plan)
     block_src = {k[len("__module__"):]: v[0][0] for k, v in owners.items() if k.startswith("__module__")}
-    for name, target in list(full.named_parameters()) + list(full.named_buffers()):
+    model = full if full is not None else skeleton  # on a rank that only sends: the names, in the same order
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        target = tensor if full is not None else None
         with torch.no_grad():
             if name in owners:
                 for src, index, dim in owners[name]:
-                    _fill(target, name, src, index, dim, local_tensors, subs, broadcast)
+                    _fill(target, name, src, index, dim, local_tensors, subs, move)
                 continue
             src = next((s for prefix, s in block_src.items() if name.startswith(prefix + ".")), 0)
-            _fill(target, name, src, None, 0, local_tensors, subs, broadcast)
+            _fill(target, name, src, None, 0, local_tensors, subs, move)
     return full
 
 
-def _fill(target, name, src, index, dim, local_tensors, subs, broadcast) -> None:
-    view = target if index is None else target.narrow(dim, index[0], index[1] - index[0])
+def _fill(target, name, src, index, dim, local_tensors, subs, move) -> None:
+    mine = None
     if src in local_tensors:
         mine = local_tensors[src].get(name)
         if index is not None:
             local_dim, idx = subs[src].index_map[name]
             pos = _local_positions(idx, index)
             mine = mine.narrow(local_dim, pos[0], pos[1] - pos[0])
+    if target is None:  # this rank only sends
+        if mine is not None:
+            move(mine.contiguous(), src)
+        return
+    view = target if index is None else target.narrow(dim, index[0], index[1] - index[0])
+    if mine is not None:
         view.copy_(mine)
     buf = view.contiguous()
-    broadcast(buf, src)
-    if buf.data_ptr() != view.data_ptr():
+    move(buf, src)
+    if buf is not view:  # a strided slice: received into a contiguous copy
         view.copy_(buf)
 
 
 def _local_positions(idx: torch.Tensor, index: tuple[int, int]) -> tuple[int, int]:
     """Where the global units [start, stop) sit in a local index list (they are contiguous there)."""
-    hits = (idx == index[0]).nonzero()
-    start = int(hits[0])
+    start = unit_position(idx, index[0])
     return start, start + index[1] - index[0]
 
 

@@ -11,17 +11,22 @@ the module's parameters as they are then. Communication phases:
    overlapped with backward (:class:`~slimpar.sdp.sync.GradSync`); ``sync()`` finishes it;
 2. ``clip_grad_norm_``: one float64 all-reduce over the parent group gives the norm of the full averaged
    gradient (each component counted at its first holder, shared parameters at worker 0), so every holder
-   clips by the same factor;
+   clips by the same factor; each worker's share is one scalar on its gradients' device (NCCL reduces CUDA
+   tensors only), and reading the norm is the step's one host sync here;
 3. backward regime, after the optimizer step: each component some worker lacks is broadcast from its
    refresh root (:mod:`slimpar.sdp.roots`) to the workers that do not hold it, every ``refresh_every`` steps;
-4. ``check_replicas()``: the holders of each set all-gather one fingerprint per component and compare;
-5. ``gather_full_model()``: every tensor of the full model broadcast from one holder (:mod:`slimpar.sdp.gather`).
+4. ``check_replicas()``: the holders of each set all-gather one fingerprint per component (on the
+   device) and compare;
+5. ``gather_full_model()``: every tensor of the full model broadcast from one holder to every rank, or sent
+   point to point to one rank only (``dst``: evaluation, where a rank may fit its subnetwork but not the
+   full model as well) (:mod:`slimpar.sdp.gather`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from functools import partial
 
 import torch
 from torch import nn
@@ -88,6 +93,11 @@ class HolderSync:
                                       accumulations=accumulations, divide_by=accumulations,
                                       reduce_dtype=reduce_dtype)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the workers' parameters are (read each time: a caller may move the module after wrapping it)."""
+        return _device(self.modules.values())
+
     def _pieces_by_set(self, sub: Subnet) -> dict[tuple[int, ...], list[Piece]]:
         """A worker's pieces by holder set, in the canonical order every holder shares (backward visits late
         components first; shared parameters last)."""
@@ -118,20 +128,7 @@ class HolderSync:
     # -------------------------------------------------------------- clipping
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip by the norm of the full model's averaged gradient (the same on every worker); returns it."""
-        parts = {}
-        for w, sub in self.subs.items():
-            sq = torch.zeros((), dtype=torch.float64)
-            if self.fsdp_does_averaging:  # sharded: every element on exactly one rank
-                for p in self.modules[w].parameters():
-                    if p.grad is not None:
-                        sq += local(p.grad).double().pow(2).sum()
-            else:
-                for c, pieces in sub.pieces.items():
-                    if self.plan.holders(c)[0] == w:
-                        sq += sum(_sq(p) for p in pieces)
-                if w == 0:
-                    sq += sum(_sq(p) for p in sub.shared)
-            parts[w] = sq.reshape(1)
+        parts = {w: _sum_sq(self._counted_grads(w, sub), self.device).reshape(1) for w, sub in self.subs.items()}
         norm = float(self.comm.sum_all(parts).sum().sqrt())
         if max_norm > 0 and norm > max_norm:
             scale = max_norm / (norm + 1e-6)
@@ -140,6 +137,15 @@ class HolderSync:
                     if p.grad is not None:
                         p.grad.mul_(scale)
         return norm
+
+    def _counted_grads(self, w: int, sub: Subnet) -> list[torch.Tensor]:
+        """The gradients worker w counts in the norm: with holder-sharded FSDP2 its local shards (every element
+        lives on exactly one rank), else each component's at its first holder and the shared ones at worker 0."""
+        if self.fsdp_does_averaging:
+            return [local(p.grad) for p in self.modules[w].parameters() if p.grad is not None]
+        pieces = [p for c, pcs in sub.pieces.items() if self.plan.holders(c)[0] == w for p in pcs]
+        pieces += sub.shared if w == 0 else []
+        return [p.view(local(p.param.grad)) for p in pieces if p.param.grad is not None]
 
     # ---------------------------------------------------- backward-regime refresh
     @torch.no_grad()
@@ -175,11 +181,12 @@ class HolderSync:
         sets = sorted({h for its in items.values() for _, h, _ in its if len(h) > 1})
         for hs in sets:
             mine = {w: [(c, pcs) for c, h, pcs in its if h == hs] for w, its in items.items() if w in hs}
-            prints = {w: torch.tensor([_print(pcs) for _, pcs in m], dtype=torch.int64) for w, m in mine.items()}
-            got = self.comm.all_gather(hs, prints)
+            prints = {w: torch.tensor([_print(pcs) for _, pcs in m], dtype=torch.int64, device=self.device)
+                      for w, m in mine.items()}
+            got = torch.stack(self.comm.all_gather(hs, prints)).tolist()  # (k, components): one copy to the host
             for w, m in mine.items():
                 for j, (c, _) in enumerate(m):
-                    if any(int(g[j]) != int(prints[w][j]) for g in got):
+                    if any(row[j] != got[hs.index(w)][j] for row in got):
                         name = "shared parameters" if c < 0 else self.plan.components[c].name
                         raise ReplicaMismatch(f"SDP replicas of {name} differ across holders {list(hs)}")
 
@@ -206,11 +213,20 @@ class HolderSync:
             tensors[name] = torch.cat([getattr(mod, attr + "_held"), getattr(mod, attr + "_frozen")], dim)
         return tensors
 
-    def gather_full_model(self, skeleton: nn.Module, device: torch.device | str = "cpu",
-                          rescale: str = "none") -> nn.Module:
-        """The full model, each tensor taken from one holder (collective: every rank calls)."""
+    def gather_full_model(self, skeleton: nn.Module, device: torch.device | str | None = None,
+                          rescale: str = "none", dst: int | None = None) -> nn.Module | None:
+        """The full model on ``device`` (default: the workers' own), each tensor taken from one holder
+        (collective: every rank calls). ``dst`` None: every rank gets it; else only worker ``dst`` (its first
+        shard), and the other ranks send what it needs and return None."""
         mine = {w: self.local_full_tensors(w) for w in self.subs}
-        full = gather_full_model(mine, skeleton, self.plan, self.subs, self.comm.broadcast_from, torch.device(device))
+        device = self.device if device is None else torch.device(device)
+        if dst is None:
+            move, receives = self.comm.broadcast_from, True
+        else:
+            move, receives = partial(self.comm.send_to, dst=dst), dst in self.subs and self.comm.shard == 0
+        full = gather_full_model(mine, skeleton, self.plan, self.subs, move, device, receives)
+        if full is None:
+            return None
         if rescale == "survival":
             for c, comp in enumerate(self.plan.components):
                 if comp.index is None:
@@ -225,10 +241,17 @@ def _bind(sub: Subnet, module: nn.Module) -> None:
         p.param = params[p.name]
 
 
-def _sq(p: Piece) -> torch.Tensor:
-    if p.param.grad is None:
-        return torch.zeros((), dtype=torch.float64)
-    return p.view(local(p.param.grad)).double().pow(2).sum()
+def _device(modules: Iterable[nn.Module]) -> torch.device:
+    """The device of the first parameter (its local shard under FSDP2); the CPU when there is none."""
+    p = next((p for m in modules for p in m.parameters()), None)
+    return local(p).device if p is not None else torch.device("cpu")
+
+
+def _sum_sq(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Σ g² over ``grads`` as one float64 scalar on their device (a zero on ``device`` when there are none)."""
+    if not grads:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return torch.stack([g.double().pow(2).sum() for g in grads]).sum()
 
 
 def _print(pieces: list[Piece]) -> int:

@@ -104,6 +104,7 @@ class VirtualSDP:
         return self.holders.local_full_tensors(w)
 
     @torch.no_grad()
-    def gather_full_model(self, device: torch.device | str = "cpu", rescale: str = "none") -> nn.Module:
-        """The full model, each tensor from the worker the distributed gather takes it from."""
+    def gather_full_model(self, device: torch.device | str | None = None, rescale: str = "none") -> nn.Module:
+        """The full model (on the workers' device unless ``device`` says), each tensor from the worker the
+        distributed gather takes it from."""
         return self.holders.gather_full_model(self.skeleton, device, rescale)

@@ -18,7 +18,7 @@ Communication phases (details in :mod:`slimpar.sdp.holders`):
 3. gradient clipping: one scalar all-reduce over the group;
 4. backward regime, after the optimizer step: ``refresh()`` broadcasts stale components;
 5. ``check_replicas()`` compares fingerprints among holders; ``gather_full_model()`` broadcasts every
-   component from one holder.
+   component from one holder (or, with ``dst``, sends it to that worker only).
 """
 
 from __future__ import annotations
@@ -119,6 +119,9 @@ class SubnetworkDataParallel(nn.Module):
         """Raise, naming the component, unless all holders' copies are bit-identical."""
         self.holders.check_replicas()
 
-    def gather_full_model(self, device: torch.device | str = "cpu", rescale: str = "none") -> nn.Module:
-        """The full model, each component taken from one holder (collective: every rank calls)."""
-        return self.holders.gather_full_model(self.skeleton[0], device, rescale)
+    def gather_full_model(self, device: torch.device | str | None = None, rescale: str = "none",
+                          dst: int | None = None) -> nn.Module | None:
+        """The full model on ``device`` (default: the module's), each component taken from one holder
+        (collective: every rank calls). With ``dst``, only worker ``dst`` gets it (the others return None and
+        hold nothing beyond their subnetwork: evaluation on one rank)."""
+        return self.holders.gather_full_model(self.skeleton[0], device, rescale, dst)

@@ -3,6 +3,8 @@
 Bits per byte = Σ nll (nats) / ln 2 / Σ UTF-8 bytes of the predicted tokens, so runs with
 different tokenizers compare. Ranks evaluate disjoint shares of the batches where the strategy
 allows it (one all-reduce of six numbers per split: three per half), otherwise all ranks run every batch.
+The sums live on the model's device (batches add without a host sync, and NCCL reduces CUDA tensors
+only); target bytes are read from the host batch; one copy to the host per split.
 Text splits also report the loss on each half of their batches (``val_loss_half1``, ``val_loss_half2``).
 """
 
@@ -40,22 +42,24 @@ def val_splits(data, cfg) -> dict[str, list]:
 
 def _eval_split(module, split, batches, data, cfg, rank, world, group, sharded) -> dict[str, float]:
     text = cfg.data.kind == "text"
-    sums = torch.zeros(2, 3, dtype=torch.float64)  # per half: nll, count, target bytes (text) or correct (images)
     device = next(module.parameters()).device
-    for i, (x, y) in enumerate(batches):
+    sums = torch.zeros(2, 3, dtype=torch.float64, device=device)  # per half: nll, count, bytes (text) / correct
+    for i, (x, y) in enumerate(batches):  # y stays on the host for its byte count
         if sharded and world > 1 and i % world != rank:
             continue
         logits = module(x.to(device))
-        y = y.to(device)
+        target, h = y.to(device), half(i, len(batches))
         if text:
-            nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1), reduction="sum")
-            extra = float(data.target_bytes(y.cpu()) or 0)
+            nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), reduction="sum")
+            sums[h, 2] += float(data.target_bytes(y) or 0)
         else:
-            nll = F.cross_entropy(logits.float(), y, reduction="sum")
-            extra = float((logits.argmax(-1) == y).sum())  # correct predictions
-        sums[half(i, len(batches))] += torch.tensor([float(nll), y.numel(), extra], dtype=torch.float64)
+            nll = F.cross_entropy(logits.float(), target, reduction="sum")
+            sums[h, 2] += (logits.argmax(-1) == target).sum()  # correct predictions
+        sums[h, 0] += nll.double()
+        sums[h, 1] += y.numel()
     if sharded and world > 1:
         dist.all_reduce(sums, group=group)
+    sums = sums.cpu()
     if text:
         return split_metrics(split, sums)
     nll, count, correct = sums.sum(0).tolist()

@@ -3,8 +3,9 @@
 A diverged run must not go on training on garbage and export it with exit code 0. Every rank must
 take the same decision (a rank that skips the optimizer step while another applies it leaves the
 replicas apart and the next collective mismatched), so the local verdicts are OR-ed with one 8-byte
-all-reduce over the run's group before the optimizer step. That collective is kept out of the
-measured step's byte accounting: it is the guard's, not the method's.
+all-reduce over the run's group before the optimizer step, of a tensor on the group's device (NCCL
+reduces CUDA tensors only: slimpar.parallel.device). That collective is kept out of the measured step's
+byte accounting: it is the guard's, not the method's.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
+
+from slimpar.parallel.device import group_device
 
 ADVICE = ("the learning rate is likely too high: lower --train.lr (or raise --train.warmup_steps, or clip with "
           "--train.grad_clip 1.0); to ride over rare spikes, skip a few bad steps with --train.skip_bad_steps N")
@@ -79,7 +82,7 @@ class StepGuard:
         """How many ranks saw a non-finite value (the same number on every rank)."""
         if self.group is None:
             return int(bad)
-        t = torch.tensor([float(bad)], dtype=torch.float64)
+        t = torch.tensor([float(bad)], dtype=torch.float64, device=group_device(self.group))
         dist.all_reduce(t, group=self.group)
         return int(t.item())
 

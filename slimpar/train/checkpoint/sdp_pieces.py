@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from slimpar.sdp.apply import unit_position
+
 STATS = ("exp_avg", "exp_avg_sq")  # AdamW's per-element state, shaped like its parameter
 
 
@@ -41,7 +43,7 @@ def _local_tensor(sub, full: str, stat: str, model_sd: dict, optim_sd: dict):
 def _piece(sub, name: str, stat: str, model_sd: dict, optim_sd: dict, dim: int, start: int, stop: int):
     """The worker's slice [start, stop) (global indices along ``dim``) of ``name``'s model tensor or stat."""
     local, idx = _local_tensor(sub, name, stat, model_sd, optim_sd)
-    pos = int((idx == start).nonzero()[0])
+    pos = unit_position(idx, start)
     return local.narrow(dim, pos, stop - start).contiguous()
 
 

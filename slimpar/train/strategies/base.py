@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slimpar.parallel.device import group_device
 from slimpar.parallel.precision import fsdp_kwargs
 from slimpar.train.build import build_optimizer, loss_fn
 
@@ -101,7 +102,7 @@ class Strategy:
         """The mean of every rank's loss (the same on every rank)."""
         if self.group is None:
             return value
-        t = torch.tensor([value], dtype=torch.float64)
+        t = torch.tensor([value], dtype=torch.float64, device=group_device(self.group))  # NCCL: CUDA only
         dist.all_reduce(t, group=self.group)
         return float(t) / dist.get_world_size(self.group)
 

@@ -27,8 +27,14 @@ if TYPE_CHECKING:
 
 
 class SDPStrategy(Strategy):
+    """SDP over real processes. Evaluation runs on worker 0 alone, on the full model gathered to it point to
+    point: the other ranks send what it needs and hold nothing beyond their subnetwork, so a run whose workers
+    fit only their subnetworks still evaluates as long as worker 0 fits the full model's parameters beside its
+    own (docs/gpu.md measures the peak); they return no results (only rank 0 writes them)."""
+
     name = "sdp"
     eval_sharded = True
+    eval_dst: int | None = 0  # the worker evaluation gathers to (None: every rank, the one-process strategies)
 
     def __init__(self, cfg: Config, model: nn.Module, ctx):
         super().__init__(model, ctx.group, cfg)
@@ -41,6 +47,7 @@ class SDPStrategy(Strategy):
         self.wrapper = self._wrap(model)
         self.module = self.wrapper
         self._full: nn.Module | None = None
+        self._gathered = False  # also on the ranks that only sent (their _full stays None)
         self._data = None  # the run's data, for BatchNorm recalibration at evaluation
 
     def _workers(self) -> int:
@@ -102,17 +109,25 @@ class SDPStrategy(Strategy):
 
     def after_step(self) -> None:
         self.wrapper.refresh()
-        self._full = None
+        self._forget_full()
+
+    def _forget_full(self) -> None:
+        """The next evaluation or export gathers afresh, on every rank alike (each gather is collective)."""
+        self._full, self._gathered = None, False
 
     def end_of_step(self, step: int) -> None:
         k = self.cfg.sdp.check_every
         if k and (step + 1) % k == 0:
             self.wrapper.check_replicas()
 
-    def eval_module(self) -> nn.Module:
-        if self._full is None:
-            self._full = self.wrapper.gather_full_model(self.ctx.device, self.cfg.sdp.eval_rescale)
-            self._recalibrate(self._full)
+    def eval_module(self) -> nn.Module | None:
+        """The gathered full model on worker ``eval_dst`` (None on the other ranks, which sent their parts)."""
+        if not self._gathered:
+            to_one = {"dst": self.eval_dst} if self.eval_dst is not None else {}
+            self._full = self.wrapper.gather_full_model(self.ctx.device, self.cfg.sdp.eval_rescale, **to_one)
+            self._gathered = True
+            if self._full is not None:
+                self._recalibrate(self._full)
         return self._full
 
     def _recalibrate(self, full: nn.Module) -> None:
@@ -133,20 +148,22 @@ class SDPStrategy(Strategy):
         (none vs survival probability k_c / N per block), so both can be compared on one model."""
         from slimpar.train.evaluate import evaluate
 
-        ctx = self.ctx
         self._data = data
-        results = evaluate(self, data, cfg, ctx.rank, ctx.world, ctx.group)
+        full = self.eval_module()
+        results = evaluate(self, data, cfg, 0, 1) if full is not None else {}  # every batch on worker 0 alone
         blocks = [(c, comp) for c, comp in enumerate(self.plan.components) if comp.index is None]
         if not blocks or min(self.plan.holders_per_component) == self.plan.world_size:
             return results
+        if full is None:  # worker 0 rescales its copy below; every rank gathers afresh next time
+            self._forget_full()
+            return results
         other = "none" if cfg.sdp.eval_rescale == "survival" else "survival"
-        full = self.eval_module()
         for c, comp in blocks:
             k = len(self.plan.holders(c)) / self.plan.world_size
             full.get_submodule(comp.name).residual_scale = k if other == "survival" else 1.0
         self._recalibrate(full)  # the statistics follow the scaling
-        alt = evaluate(self, data, cfg, ctx.rank, ctx.world, ctx.group)
-        self._full = None  # the next evaluation gathers afresh with the configured scaling
+        alt = evaluate(self, data, cfg, 0, 1)
+        self._forget_full()  # the next evaluation or export gathers afresh with the configured scaling
         results.update({f"{k}_rescale_{other}": v for k, v in alt.items() if k.endswith(("_loss", "_accuracy"))})
         return results
 
@@ -205,7 +222,8 @@ class SDPStrategy(Strategy):
         return super().val_gap_fix()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return dict(self.eval_module().state_dict())
+        full = self.eval_module()
+        return dict(full.state_dict()) if full is not None else {}  # rank 0 exports it
 
     def step_metrics(self) -> dict:
         out = {"sdp_comm_wait_s": self.wrapper.grad_sync.wait_seconds if self.wrapper.grad_sync else 0.0}

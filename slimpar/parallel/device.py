@@ -1,0 +1,33 @@
+"""The device a process group communicates on, so callers create the tensors they hand it there.
+
+NCCL reduces and sends CUDA tensors only: a CPU tensor makes it raise ("No backend type associated with
+device type cpu" for a group bound to CUDA alone). gloo takes CPU tensors (and CUDA ones for its
+collectives, not its sends). A group knows which device types it has a backend for
+(``ProcessGroup._device_types``: ``[cuda]`` for NCCL, ``[cuda, cpu]`` for gloo); :func:`group_device` reads
+it, so a scalar or a small buffer made for a collective (a count, a loss, a fingerprint) is created on the
+group's device and no caller has to carry the run's device to where it communicates. Tensors computed from
+parameters or gradients are already on the model's device, which is the group's in every supported setup
+(NCCL with CUDA models, gloo with CPU or CUDA ones). docs/gpu.md states the rule and how the CPU tests
+prove it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def group_device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where ``group``'s collectives take their tensors: the CPU where its backend takes CPU tensors (gloo)
+    or there is no group, else its one device type (NCCL: the bound CUDA device, or the current one)."""
+    if group is None:
+        return torch.device("cpu")
+    types = [d.type for d in group._device_types]
+    if not types or "cpu" in types:
+        return torch.device("cpu")
+    bound = getattr(group, "bound_device_id", None)
+    if bound is not None and bound.type == types[0]:
+        return bound
+    if types[0] == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(types[0])

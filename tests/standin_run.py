@@ -1,0 +1,165 @@
+"""Every rank of a run config on the stand-in accelerator (tests/standin_device.py): the trainer's own steps,
+guard, clipping, replica checks and logged-loss reduction, then evaluation, the export's state dict and the
+checkpoint's communication. ``python -m tests.standin_run MODE...`` runs modes of :data:`MODES` one after another
+and prints one JSON line per rank: what evaluation returned, or the error that stopped the mode. Modes that shard
+with FSDP2 get a process each: DTensor keeps what it learnt of a group by the group's name, which the next fake
+world reuses for a group of another size.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tests.standin_device import standin_accelerator
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "llama_tiny.toml"
+BASE = ["--train.steps", "3", "--eval.batches", "1", "--data.ood", "none", "--sdp.check_every", "1",
+        "--train.grad_clip", "1.0", "--pipeline.checksum_every", "1"]
+_SDP = ["--parallel.mode", "sdp", "--parallel.workers", "2", "--sdp.keep", "0.5"]
+_VIRTUAL = ["--parallel.mode", "sdp", "--parallel.workers", "1", "--sdp.virtual", "true", "--sdp.virtual_workers", "2",
+            "--sdp.keep", "0.5"]
+_PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "2", "--pipeline.stages", "2"]
+MODES = {
+    "ddp": ["--parallel.mode", "ddp", "--parallel.workers", "2"],
+    "fsdp": ["--parallel.mode", "fsdp", "--parallel.workers", "2"],
+    "sdp-block": _SDP,
+    "sdp-block-backward": [*_SDP, "--sdp.regime", "backward"],
+    "sdp-neuron": [*_SDP, "--sdp.level", "neuron"],
+    "sdp-neuron-backward": [*_SDP, "--sdp.level", "neuron", "--sdp.regime", "backward"],
+    "sdp-holder-fsdp": [*_SDP, "--sdp.holder_shard", "true"],
+    "sdp-fsdp2": ["--parallel.mode", "sdp", "--parallel.workers", "4", "--sdp.keep", "0.5", "--sdp.fsdp", "2"],
+    "sdp-virtual": _VIRTUAL,
+    "sdp-virtual-batched": [*_VIRTUAL, "--sdp.virtual_batched", "true"],
+    "pipeline-none": _PIPE,
+    "pipeline-bf16": [*_PIPE, "--pipeline.codec", "bf16"],
+    "pipeline-int8": [*_PIPE, "--pipeline.codec", "int8"],
+    "pipeline-mapl": [*_PIPE, "--pipeline.codec", "mapl"],
+    "pipeline-mapl-rvq": [*_PIPE, "--pipeline.codec", "mapl", "--pipeline.rvq.levels", "2"],
+    "pipeline-ssn": [*_PIPE, "--pipeline.codec", "ssn", "--model.tie_embeddings", "false"],
+    "pipeline-naive": [*_PIPE, "--pipeline.codec", "naive"],
+    "pipeline-virtual": ["--parallel.mode", "pipeline", "--parallel.workers", "1", "--pipeline.stages", "2",
+                         "--pipeline.virtual", "true", "--pipeline.codec", "mapl"],
+    "hybrid": ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "2",
+               "--pipeline.dp", "sdp", "--pipeline.sdp_keep", "0.5", "--pipeline.codec", "mapl"],
+}
+
+
+class StandInText:
+    """Token batches of zeros of the real shapes (the memory prediction's), validation splits too; target bytes
+    are counted from the host batch (one per token) and refused for a device one (a read back per batch)."""
+
+    kind = "text"
+
+    def __init__(self, vocab_size: int):
+        from slimpar.train.memory.predict import _FakeText
+
+        self.vocab_size = vocab_size
+        self.train_batch = _FakeText(vocab_size).train_batch
+        self.val_streams = {"heldout": None}
+
+    def val_batches(self, split: str, batch_size: int, batches: int, seq_len: int) -> list:
+        return [self.train_batch(0, 0, 1, batch_size, seq_len) for _ in range(batches)]
+
+    def target_bytes(self, y: torch.Tensor) -> int:
+        if y.device.type != "cpu":
+            raise AssertionError(f"target_bytes reads the host batch; it was given a {y.device} tensor")
+        return y.numel()
+
+
+def config(mode: str):
+    from slimpar.train.validate.checks import load_run_config
+
+    return load_run_config(str(TINY), BASE + MODES[mode], training=False)
+
+
+def run_on_standin(cfg, rank: int, out: Path, steps: int = 2) -> dict:
+    """Rank ``rank`` of ``cfg.parallel.workers`` (module docstring); returns what evaluation gave."""
+    from slimpar.train.memory.predict_pipeline import value_stand_ins
+
+    with standin_accelerator(rank, cfg.parallel.workers) as device:
+        trainer = standin_trainer(cfg, rank, device, out)
+        s = trainer.strategy
+        with value_stand_ins(cfg, trainer.data.vocab_size):  # a pipeline's value-dependent sizes
+            for step in range(steps):
+                loss, _ = trainer._step(step)
+                s.end_of_step(step)
+                s.reduce_loss(loss)
+            results = s.evaluate(trainer.data, cfg)
+            s.full_state_dict()
+            _checkpoint_state(s, trainer.optimizer)
+    return results
+
+
+def standin_trainer(cfg, rank: int, device: torch.device, out: Path):
+    """The trainer's pieces as ``Trainer._build`` makes them (strategy, optimizer, the real guard), inside
+    :func:`standin_accelerator`, without its writer, sinks or run files."""
+    from slimpar.train.build import build_model, total_steps
+    from slimpar.train.guard import StepGuard
+    from slimpar.train.launch.context import RunContext
+    from slimpar.train.launch.elastic import SampleLog
+    from slimpar.train.strategies import build_strategy
+    from slimpar.train.trainer import Trainer
+
+    ctx = RunContext(rank=rank, world=cfg.parallel.workers, device=device, out_dir=out, group=dist.group.WORLD,
+                     timeout=timedelta(seconds=cfg.parallel.timeout_s))
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg, trainer.ctx, trainer.data = cfg, ctx, StandInText(cfg.model.vocab_size or cfg.data.vocab_size)
+    trainer.strategy = build_strategy(cfg, build_model(cfg, trainer.data), ctx)  # on the CPU; the strategy moves it
+    _ddp_on_fake_backend(trainer.strategy)
+    trainer.optimizer = trainer.strategy.build_optimizer(cfg)
+    trainer.base_lrs = [g["lr"] for g in trainer.optimizer.param_groups]
+    trainer.total = total_steps(cfg)
+    trainer.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, rank)
+    trainer.samples = SampleLog(False, ctx.group)
+    return trainer
+
+
+def _ddp_on_fake_backend(strategy) -> None:
+    """DDP's all-reduce hook as the fake backend can run it (its futures carry no tensor)."""
+    from torch import nn
+
+    from slimpar.train.memory.predict import _BucketsKept, _mean_in_place
+
+    if isinstance(strategy.module, nn.parallel.DistributedDataParallel):
+        strategy.module.register_comm_hook(None, _mean_in_place)
+        strategy.module.reducer = _BucketsKept(strategy.module.reducer)
+
+
+def _checkpoint_state(strategy, optimizer) -> None:
+    """What ``save_checkpoint`` communicates before DCP writes (SDP: its neuron-level pieces, sent to their
+    writers; FSDP2: the sharded state dicts)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from slimpar.train.checkpoint.dcp import OPTIONS
+
+    module = strategy.checkpoint_module
+    if hasattr(module, "state_to_save"):
+        module.state_to_save(optimizer)
+    else:
+        get_state_dict(module, optimizer, options=OPTIONS)
+
+
+def main(modes: list[str]) -> None:
+    for mode in modes:
+        cfg = config(mode)
+        for rank in range(cfg.parallel.workers):
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    record = {"eval": sorted(run_on_standin(cfg, rank, Path(tmp)))}
+            except Exception:  # the next mode still runs; the test names this one's error
+                record = {"error": traceback.format_exc()[-3000:]}
+            print(json.dumps({"mode": mode, "rank": rank, **record}), flush=True)
+            if "error" in record:
+                break
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,115 @@
+"""A lint over every ``torch.distributed`` call that moves a tensor (collectives and point to point) in slimpar/.
+
+NCCL takes CUDA tensors only (docs/gpu.md). The stand-in accelerator tests run these sites; this lint keeps the
+list honest without running anything:
+
+1. every call site is in :data:`SITES`, which says where its tensors come from; a new site fails here until it
+   is added (and covered by a stand-in test: tests/standin_run.py runs every mode);
+2. in a function that calls one, every tensor factory passes ``device=`` (a scalar made for a collective on
+   the CPU is the bug issue 39 found in the guard, the logged loss and evaluation);
+3. ``torch.distributed`` is only ever imported as ``dist`` and its collectives never by name, so 1 and 2 see
+   every call.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+
+from tests.helpers import ROOT
+
+COMM = {"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "reduce_scatter",
+        "reduce", "gather", "scatter", "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv",
+        "batch_isend_irecv", "P2POp"}
+FACTORIES = {"tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint", "eye", "linspace",
+             "as_tensor"}
+SITES = {  # "file::function": where the tensors that enter its collectives live
+    "slimpar/parallel/average.py::average_grads": "gradients: on the model's device",
+    "slimpar/pipeline/evaluate.py::all_reduce_sum.reduce": "moved to the device it is given (the run's)",
+    "slimpar/pipeline/stage.py::CodecPipelineStage._ops": "codec messages from device activations; receive "
+                                                         "buffers from WireSpec.empty(self.device)",
+    "slimpar/pipeline/wire.py::P2PLink.isend": "packets made from device tensors",
+    "slimpar/pipeline/wire.py::P2PLink.irecv": "buffers on the link's device",
+    "slimpar/pipeline/wire.py::P2PLink.exchange": "packets from device tensors; buffers on the link's device",
+    "slimpar/sdp/comm.py::GroupComm.all_reduce": "gradient buckets (sdp/sync.py: on the parameters' device)",
+    "slimpar/sdp/comm.py::GroupComm.broadcast": "refresh buffers cut from the parameters",
+    "slimpar/sdp/comm.py::GroupComm.all_gather": "fingerprints made on HolderSync.device",
+    "slimpar/sdp/comm.py::GroupComm.sum_all": "the clip's squared norms, on the gradients' device",
+    "slimpar/sdp/comm.py::GroupComm.broadcast_from": "the gathered model, materialized on the device asked",
+    "slimpar/sdp/comm.py::GroupComm.send_to": "the same, sent to one worker",
+    "slimpar/train/checkpoint/sdp.py::SDPFullState._assemble": "slices of the state dicts, buffers on ref.device",
+    "slimpar/train/evaluate.py::_eval_split": "sums on the model's device",
+    "slimpar/train/guard.py::StepGuard._agree": "group_device(group)",
+    "slimpar/train/launch/preempt.py::StopRequest.agreed": "the run's device, passed in",
+    "slimpar/train/memory/predict.py::_mean_in_place": "DDP's bucket (fake backend)",
+    "slimpar/train/strategies/base.py::Strategy.reduce_loss": "group_device(group)",
+    "slimpar/train/strategies/hybrid.py::HybridPipelineStrategy._sum_pipeline": "moved to ctx.device",
+    "slimpar/train/strategies/pipeline.py::PipelineStrategy._replica_sum": "the PCA Gram matrix, from activations",
+    "slimpar/train/strategies/pipeline.py::PipelineStrategy._touched_rows": "mask on the rows' device",
+    "slimpar/train/strategies/pipeline.py::PipelineStrategy._sum_pipeline": "moved to ctx.device",
+    "slimpar/train/strategies/pipeline.py::PipelineStrategy.reduce_loss": "created on ctx.device",
+}
+
+
+class _Sites(ast.NodeVisitor):
+    """Communicating ``dist.*`` calls by enclosing ``Class.function`` (nested functions joined by dots), and the
+    tensor factories without ``device=`` in those functions."""
+
+    def __init__(self) -> None:
+        self.scope: list[str] = []
+        self.calls: dict[str, list[int]] = {}
+        self.factories: dict[str, list[int]] = {}
+
+    def _scoped(self, node) -> None:
+        self.scope.append(node.name)
+        self.generic_visit(node)
+        self.scope.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped
+
+    def visit_Call(self, node: ast.Call) -> None:
+        f, where = node.func, ".".join(self.scope)
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            if f.value.id == "dist" and f.attr in COMM:
+                self.calls.setdefault(where, []).append(node.lineno)
+            if f.value.id == "torch" and f.attr in FACTORIES and not any(k.arg == "device" for k in node.keywords):
+                self.factories.setdefault(where, []).append(node.lineno)
+        self.generic_visit(node)
+
+
+@functools.cache
+def _scan() -> tuple[dict[str, list[int]], dict[str, list[int]], list[str]]:
+    calls, factories, imports = {}, {}, []
+    for path in sorted((ROOT / "slimpar").rglob("*.py")):
+        rel, tree = path.relative_to(ROOT).as_posix(), ast.parse(path.read_text())
+        sites = _Sites()
+        sites.visit(tree)
+        calls.update({f"{rel}::{k}": v for k, v in sites.calls.items()})
+        factories.update({f"{rel}::{k}": v for k, v in sites.factories.items() if k in sites.calls})
+        imports += [f"{rel}:{n.lineno}" for n in ast.walk(tree) if _foreign_import(n)]
+    return calls, factories, imports
+
+
+def _foreign_import(node: ast.AST) -> bool:
+    """``import torch.distributed as <not dist>`` or ``from torch.distributed import <a collective>``."""
+    if isinstance(node, ast.Import):
+        return any(a.name == "torch.distributed" and a.asname not in (None, "dist") for a in node.names)
+    if isinstance(node, ast.ImportFrom) and node.module in ("torch.distributed", "torch.distributed.distributed_c10d"):
+        return any(a.name in COMM for a in node.names)
+    return False
+
+
+def test_every_communicating_call_site_is_listed():
+    calls, _, _ = _scan()
+    unlisted = {site: lines for site, lines in calls.items() if site not in SITES}
+    assert not unlisted, f"new collective or send call sites, add them to SITES with their tensors' device: {unlisted}"
+
+
+def test_tensors_made_next_to_a_collective_name_their_device():
+    _, factories, _ = _scan()
+    assert not factories, f"tensor factories without device= in functions that communicate: {factories}"
+
+
+def test_torch_distributed_is_imported_as_dist_only():
+    _, _, imports = _scan()
+    assert not imports, f"torch.distributed imported under another name, or a collective by name: {imports}"
