@@ -19,6 +19,7 @@ from pathlib import Path
 
 from slimpar.config import Config, ConfigError
 from slimpar.train.validate.memory_floor import check_memory_floor
+from slimpar.train.validate.processes import runs_in_process
 
 __all__ = ["check_backend", "check_memory_floor", "check_writable", "runs_in_process"]
 
@@ -59,10 +60,3 @@ def check_writable(path: str | Path, what: str) -> None:
     except OSError as e:
         raise ConfigError(f"{what} = {str(path)!r} cannot be written: {str(probe)!r} refuses new files "
                           f"({e.strerror or e}); choose a writable folder") from None
-
-
-def runs_in_process(cfg: Config) -> bool:
-    """Whether slimpar's launcher runs every worker in its own process: single, virtual pipelines, virtual SDP."""
-    p = cfg.parallel
-    return p.mode == "single" or (p.mode == "pipeline" and cfg.pipeline.virtual) or (
-        p.mode == "sdp" and cfg.sdp.virtual)

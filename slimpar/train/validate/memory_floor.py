@@ -190,7 +190,7 @@ def machine_text(cfg: Config) -> str:
 
 def need_bytes(cfg: Config, vocab: int | None = None) -> tuple[int, list[int]]:
     """(what this machine must hold, the floor of each of its ranks): their sum, or on GPUs the largest."""
-    from slimpar.train.validate.limits import runs_in_process
+    from slimpar.train.validate.processes import runs_in_process
 
     floors = rank_floors(cfg, vocab)
     local = [floors[r] for r in local_ranks(cfg, runs_in_process(cfg)) if r < len(floors)]
