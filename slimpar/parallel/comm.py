@@ -9,7 +9,9 @@
   point-to-point op, by op and process group — it sees raw ``torch.distributed`` calls, DDP's C++
   reducer and FSDP2 alike, because all of them go through the dispatcher;
 * traffic model: the bytes this rank sends and receives in each of those ops under gloo's algorithms
-  (:func:`traffic`, documented in docs/outputs.md), rounded to whole bytes once per step.
+  (:func:`traffic`, documented in docs/outputs.md), rounded to whole bytes once per step;
+* host syncs and aten ops (:mod:`slimpar.parallel.syncs`): every point where a GPU run would wait for the
+  device, and every op it would launch.
 
 Wrapper subclasses (DTensor) get ``NotImplemented`` so that their inner plain-tensor ops come back
 to the mode. The mode is only used on instrumented steps; its Python overhead would distort timing.
@@ -25,6 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
+
+from slimpar.parallel.syncs import SyncCount
 
 # op name -> index of the argument whose bytes this rank contributes
 _COLLECTIVE_INPUT = {
@@ -151,6 +155,19 @@ class StepInstrument(TorchDispatchMode):
         self.calls: dict[str, int] = defaultdict(int)
         self.sent: dict[str, Fraction] = defaultdict(Fraction)  # "op@group" -> modelled bytes sent
         self.recv: dict[str, Fraction] = defaultdict(Fraction)  # "op@group" -> modelled bytes received
+        self.count = SyncCount()
+        self._methods = None
+
+    def __enter__(self):
+        self._methods = self.count.methods()
+        self._methods.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._methods.__exit__(*exc)
 
     def _free(self, key: int, n: int) -> None:
         self.live -= n
@@ -161,6 +178,7 @@ class StepInstrument(TorchDispatchMode):
         leaves = tree_leaves((args, kwargs))
         if any(is_traceable_wrapper_subclass(t) for t in leaves if isinstance(t, torch.Tensor)):
             return NotImplemented
+        self.count.see(func, args, kwargs)
         if func.namespace == "c10d":
             name = func._schema.name.split("::")[-1]
             idx = _COLLECTIVE_INPUT.get(name)

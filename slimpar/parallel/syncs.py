@@ -1,0 +1,110 @@
+"""Where a step makes the host wait for the device (host syncs), and how many aten ops it launches.
+
+On a GPU the host queues kernels and runs ahead; it stops and waits wherever it needs a value the device has not
+produced yet: ``tensor.item()`` / ``float(t)`` / ``bool(t)`` (aten ``_local_scalar_dense``), ops whose output size
+depends on the data (``nonzero``, boolean indexing, ``masked_select``, ``unique``, ``bincount``,
+``repeat_interleave`` without ``output_size``), ``torch.equal``, a copy to the host, ``tolist()`` and ``numpy()``.
+Each such point drains the queue, so every one per step costs a bubble. The same points are there on a CPU run,
+where they cost nothing: :class:`SyncCounter` counts them on the CPU, so a test can hold a step to a budget
+without a GPU (the device-side sync of a step's timing, ``torch.cuda.synchronize``, is not an aten op).
+
+Every aten op is one kernel launch or more on a GPU; ``ops`` counts them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
+
+# aten ops (overload packet names) that wait for the device's result before they return
+_WAITS = {"_local_scalar_dense", "nonzero", "masked_select", "unique_dim", "_unique2", "_unique", "unique_consecutive",
+          "bincount", "equal", "histc"}
+_MASKS = (torch.bool, torch.uint8)
+
+
+def waits_for_device(func, args, kwargs) -> str | None:
+    """The name under which ``func(*args, **kwargs)`` counts as a host sync, or None."""
+    name = func.overloadpacket.__name__
+    if name in _WAITS:
+        return name
+    if name == "repeat_interleave" and isinstance(args[0] if args else None, torch.Tensor) \
+            and kwargs.get("output_size") is None and (len(args) < 3 or args[2] is None):
+        return name
+    if name in ("index", "index_put", "index_put_") and len(args) > 1:
+        masks = [t for t in tree_leaves(args[1]) if isinstance(t, torch.Tensor) and t.dtype in _MASKS]
+        return f"{name} (boolean mask)" if masks else None
+    if name in ("_to_copy", "copy_"):
+        src = args[1] if name == "copy_" else args[0]
+        dst_device = args[0].device if name == "copy_" else kwargs.get("device")
+        if isinstance(src, torch.Tensor) and src.device.type != "cpu" and dst_device is not None \
+                and torch.device(dst_device).type == "cpu":
+            return "copy to host"
+    return None
+
+
+class SyncCount:
+    """Host syncs by kind and aten ops seen (fed by :meth:`see`; ``tolist`` / ``numpy`` through :meth:`methods`)."""
+
+    def __init__(self) -> None:
+        self.syncs: Counter[str] = Counter()
+        self.ops = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.syncs.values())
+
+    def see(self, func, args, kwargs) -> None:
+        self.ops += 1
+        kind = waits_for_device(func, args, kwargs or {})
+        if kind:
+            self.syncs[kind] += 1
+
+    @contextlib.contextmanager
+    def methods(self) -> Iterator[None]:
+        """Count ``Tensor.tolist`` and ``Tensor.numpy``, which read a tensor's memory without an aten op."""
+        saved = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+
+        def counted(name):
+            def method(t, *a, **k):
+                self.syncs[name] += 1
+                return saved[name](t, *a, **k)
+            return method
+
+        try:
+            for name in saved:
+                setattr(torch.Tensor, name, counted(name))
+            yield
+        finally:
+            for name, fn in saved.items():
+                setattr(torch.Tensor, name, fn)
+
+
+class SyncCounter(TorchDispatchMode):
+    """``with SyncCounter() as c: ...``, then ``c.count.total`` host syncs and ``c.count.ops`` aten ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = SyncCount()
+        self._methods = None
+
+    def __enter__(self):
+        self._methods = self.count.methods()
+        self._methods.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._methods.__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs))):
+            return NotImplemented  # DTensor: count the plain ops it runs, which come back here
+        self.count.see(func, args, kwargs)
+        return func(*args, **(kwargs or {}))
