@@ -36,6 +36,10 @@ sends all V×d fp32. Both ends then set grad = head part + embedding part on tho
 
 The two phases let both ends post their sends before either waits, on a P2PLink (two ranks) or a
 LocalLink (the virtual pipeline calls post on both ends, then finish on the sender, then the receiver).
+Each end posts its parts and its receive as one exchange (``Link.exchange``: one ``batch_isend_irecv``
+group on a P2PLink), never a send then a receive: under NCCL two ends that each sent a part larger than
+its buffers before receiving would wait for each other forever (the tied head's gradient is 98 MB at 134M
+parameters and a 32k vocabulary). A resync is one-way (the sender sends, the receiver receives).
 """
 
 from __future__ import annotations
@@ -115,9 +119,8 @@ class SharedParamSync:
             mine += self._part(p, rows if rows_part(sparse, self.role) else None)
             shape = (len(rows), *p.shape[1:]) if rows_part(sparse, other) else tuple(p.shape)
             specs += part_specs(shape, self.dtype, self.category)
-        sends = self.link.isend([Packet(self.category, t) for t in mine], self.tag)
-        theirs, recvs = self.link.irecv(specs, self.tag)
-        self._pending = (mine, theirs, rows, sends + recvs)
+        theirs, handles = self.link.exchange([Packet(self.category, t) for t in mine], specs, self.tag)
+        self._pending = (mine, theirs, rows, handles)
 
     def finish(self) -> None:
         """Wait for the other end's parts and install grad = dec(sender part) + dec(receiver part)."""
@@ -152,9 +155,9 @@ class SharedParamSync:
     def check_post(self) -> None:
         device = self.params[0][1].device  # NCCL links carry device tensors only
         mine = torch.tensor([fingerprint([p]) for _, p, _ in self.params], dtype=torch.int64, device=device)
-        sends = self.link.isend([Packet(self.category, mine)], self.check_tag)
-        (theirs,), recvs = self.link.irecv([WireSpec(self.category, tuple(mine.shape), torch.int64)], self.check_tag)
-        self._pending = (mine, theirs, sends + recvs)
+        spec = WireSpec(self.category, tuple(mine.shape), torch.int64)
+        (theirs,), handles = self.link.exchange([Packet(self.category, mine)], [spec], self.check_tag)
+        self._pending = (mine, theirs, handles)
 
     def check_finish(self) -> bool:
         """Compare digests; on a mismatch the receiver adopts the sender's values. True if resynced."""

@@ -9,12 +9,16 @@ P − 1 is counted under boundary number P − 1 (the link that closes the pipel
 boundary has that number), "fwd" from stage 0 (the embedding) to stage P − 1 (the head).
 
 Transports (one ``Link`` per boundary end):
-- ``P2PLink``: ``torch.distributed`` isend/irecv to the peer rank, each channel on its own tag so the
-  extra messages can never be matched with the pipeline schedule's own tag-0 traffic;
+- ``P2PLink``: ``torch.distributed`` isend/irecv to the peer rank. Each channel has its own tag, but
+  nothing depends on it: NCCL has no tags and matches a pair's messages in the order they are posted, so
+  both ends post theirs in the same order (the schedule's, then the exchanges', in plan order), which
+  tests/distributed/test_pipeline_rendezvous.py checks with every tag dropped;
 - ``LocalLink``: an in-process pair of queues for the single-process virtual pipeline; it checks the
   shape and dtype of every receive, so protocol mistakes fail loudly in tests.
-Receives are two-phase (``irecv`` returns buffers and handles; ``wait_all`` completes them), so both
-ends of an exchange can post their sends before either waits, with either transport.
+Receives are two-phase (``irecv`` returns buffers and handles; ``wait_all`` completes them). An exchange in
+both directions (``exchange``: shared-parameter gradients, checksums) posts its sends and receives as one
+``batch_isend_irecv`` group: a NCCL send of a message larger than its buffers waits for the matching
+receive, so two ends that each sent before receiving would wait for each other.
 """
 
 from __future__ import annotations
@@ -120,6 +124,13 @@ class Link(abc.ABC):
     def irecv(self, specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:
         """Start receiving tensors of ``specs``; returns (buffers, works)."""
 
+    def exchange(self, packets: list[Packet], specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:
+        """Send ``packets`` and receive tensors of ``specs`` from the peer, which calls the same; returns the
+        received buffers and every work (sends and receives) to wait on."""
+        sends = self.isend(packets, tag)
+        bufs, recvs = self.irecv(specs, tag)
+        return bufs, sends + recvs
+
 
 class P2PLink(Link):
     """torch.distributed point-to-point to ``peer`` (a global rank) within ``group``."""
@@ -136,6 +147,14 @@ class P2PLink(Link):
     def irecv(self, specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:
         bufs = [s.empty(self.device) for s in specs]
         return bufs, [dist.irecv(b, src=self.peer, group=self.group, tag=tag) for b in bufs]
+
+    def exchange(self, packets: list[Packet], specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:
+        """One ``batch_isend_irecv`` group (a NCCL group: its sends and receives progress together)."""
+        self.count(packets)
+        bufs = [s.empty(self.device) for s in specs]
+        ops = [dist.P2POp(dist.isend, p.tensor.contiguous(), self.peer, self.group, tag) for p in packets]
+        ops += [dist.P2POp(dist.irecv, b, self.peer, self.group, tag) for b in bufs]
+        return bufs, dist.batch_isend_irecv(ops) if ops else []
 
 
 class _LocalReceive:

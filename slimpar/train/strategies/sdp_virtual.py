@@ -34,7 +34,6 @@ class VirtualSDPStrategy(SDPStrategy):
     name = "sdp"
     eval_sharded = True
     eval_dst = None  # every worker lives here: the gather is local
-    eval_dst = None  # every worker lives here: the gather is local
 
     def __init__(self, cfg, model: nn.Module, ctx):
         super().__init__(cfg, model, ctx)  # the plan over sdp.virtual_workers, then _wrap
