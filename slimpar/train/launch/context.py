@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from slimpar.config import Config
+from slimpar.parallel.placement import local_rank, local_world_size
 
 
 @dataclass
@@ -36,10 +37,9 @@ def init_context(cfg: Config, out_dir: Path) -> RunContext:
     """Create the process group when the environment (torchrun or slimpar's launcher) defines one."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cpu")
-    if cfg.parallel.device == "cuda":
-        device = torch.device("cuda", local_rank)
+    if cfg.parallel.device == "cuda":  # this machine's GPU number local_rank: LOCAL_RANK, or SLURM_LOCALID under srun
+        device = torch.device("cuda", local_rank())
         torch.cuda.set_device(device)
     else:
         _share_cores(world)
@@ -65,5 +65,5 @@ def _share_cores(world: int) -> None:
     """
     if os.environ.get("OMP_NUM_THREADS"):
         return
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    local_world = local_world_size(default=world)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world, 1)))

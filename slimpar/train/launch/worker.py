@@ -183,7 +183,9 @@ def init_attempt_group(cfg: Config) -> None:
     if cuda:
         import torch
 
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        from slimpar.parallel.placement import local_rank
+
+        device = torch.device("cuda", local_rank())
         torch.cuda.set_device(device)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
                           timeout=timeout)

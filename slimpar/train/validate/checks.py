@@ -128,11 +128,7 @@ def validate(cfg: Config, *, training: bool = True) -> None:
     if p.workers < 1:
         raise ConfigError(f"parallel.workers must be >= 1, got {p.workers}")
     if p.device == "cuda":
-        import torch
-
-        if torch.cuda.device_count() < (1 if p.mode == "single" or cfg.pipeline.virtual else p.workers):
-            raise ConfigError(f"parallel.device = 'cuda' with {p.workers} worker(s) needs as many GPUs; "
-                              f"this machine has {torch.cuda.device_count()} (use --parallel.device cpu)")
+        _check_local_gpus(cfg)
     if p.mode == "single" and p.workers != 1:
         raise ConfigError("parallel.mode = 'single' runs one worker; set --parallel.mode ddp|fsdp|sdp for more")
     check_numbers(cfg)
@@ -167,6 +163,21 @@ def validate(cfg: Config, *, training: bool = True) -> None:
         from slimpar.train.validate.pipeline import validate_pipeline
 
         validate_pipeline(cfg)
+
+
+def _check_local_gpus(cfg: Config) -> None:
+    """One GPU per worker process on this machine: under torchrun its LOCAL_WORLD_SIZE, under a bare srun its tasks
+    on this node, one for an in-process run, else every worker (slimpar's own launcher). Never the job's total:
+    two nodes of four GPUs run eight workers."""
+    import torch
+
+    from slimpar.parallel.placement import local_world_size
+    from slimpar.train.validate.processes import runs_in_process
+
+    local = 1 if runs_in_process(cfg) else local_world_size(default=cfg.parallel.workers)
+    if torch.cuda.device_count() < local:
+        raise ConfigError(f"parallel.device = 'cuda' runs {local} worker process(es) on this machine, one GPU each; "
+                          f"it has {torch.cuda.device_count()} GPUs (use --parallel.device cpu)")
 
 
 def _validate_model(cfg: Config) -> None:

@@ -1,0 +1,100 @@
+"""Where a worker sits on its machine (slimpar.parallel.placement): its GPU comes from LOCAL_RANK, or SLURM_LOCALID
+under a bare srun, never the global RANK; start-up validation counts the GPUs this machine's workers need
+(LOCAL_WORLD_SIZE, or srun's tasks on this node), not the job's WORLD_SIZE. On 1586a30 a bare srun put every rank
+on GPU 0 and a two-node CUDA job was refused (tests marked "failed on 1586a30")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slimpar.config import ConfigError
+from tests.helpers import TINY
+
+JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_LOCALID", "SLURM_NODEID",
+            "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "MASTER_ADDR")
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """A clean job environment; returns a setter."""
+    for name in JOB_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return lambda **kv: [monkeypatch.setenv(k, str(v)) for k, v in kv.items()]
+
+
+def test_local_rank_from_torchrun_or_srun(env):
+    from slimpar.parallel.placement import local_rank
+
+    assert local_rank() == 0  # one process
+    env(SLURM_LOCALID=3)
+    assert local_rank() == 3  # a bare srun: the task's index on its node
+    env(LOCAL_RANK=1)
+    assert local_rank() == 1  # torchrun (inside srun too) says it directly
+
+
+def test_local_world_size_from_torchrun_or_srun(env):
+    from slimpar.parallel.placement import local_world_size
+
+    assert local_world_size(default=8) == 8  # slimpar's launcher: every worker here
+    env(SLURM_LOCALID=0, SLURM_NODEID=3, SLURM_TASKS_PER_NODE="4(x3),2")
+    assert local_world_size(default=8) == 2
+    env(SLURM_STEP_TASKS_PER_NODE="4(x4)")  # the step's own list wins over the job's
+    assert local_world_size(default=8) == 4
+    env(LOCAL_WORLD_SIZE=3)
+    assert local_world_size(default=8) == 3
+
+
+def test_slurm_tasks_per_node_lists():
+    from slimpar.parallel.placement import slurm_tasks_on_node
+
+    assert [slurm_tasks_on_node("2(x3),1", n) for n in range(4)] == [2, 2, 2, 1]
+    assert slurm_tasks_on_node("8", 0) == 8
+    with pytest.raises(ValueError, match="lists 4 node"):
+        slurm_tasks_on_node("2(x3),1", 4)
+    with pytest.raises(ValueError, match="cannot read"):
+        slurm_tasks_on_node("2(x)", 0)
+
+
+def test_a_bare_srun_rank_drives_its_own_gpu(env, monkeypatch, tmp_path):
+    """Failed on 1586a30: LOCAL_RANK defaulted to 0, so every task of a node took GPU 0."""
+    from slimpar.train.launch.context import init_context
+    from slimpar.train.validate.checks import load_run_config
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    env(RANK=6, WORLD_SIZE=8, SLURM_LOCALID=2, SLURM_NODEID=1, SLURM_STEP_TASKS_PER_NODE="4(x2)")
+    cfg = load_run_config(str(TINY), ["--parallel.device", "cpu"], training=False)
+    cfg.parallel.device = "cuda"  # validation needs no GPU to pass here: the context only picks one
+    ctx = init_context(cfg, tmp_path)  # no MASTER_ADDR: no process group is created
+    assert ctx.device == torch.device("cuda", 2) and chosen == [torch.device("cuda", 2)]
+
+
+def _validate_cuda(gpus: int, monkeypatch, workers: int = 8) -> None:
+    from slimpar.train.validate.checks import load_run_config
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    load_run_config(str(TINY), ["--parallel.device", "cuda", "--parallel.backend", "gloo", "--parallel.mode", "ddp",
+                                "--parallel.workers", str(workers)], training=False)
+
+
+def test_two_nodes_of_four_gpus_pass_validation(env, monkeypatch):
+    """Failed on 1586a30: 8 workers were compared with the 4 GPUs of one node."""
+    env(RANK=5, WORLD_SIZE=8, LOCAL_RANK=1, LOCAL_WORLD_SIZE=4)
+    _validate_cuda(4, monkeypatch)
+    env(LOCAL_WORLD_SIZE=5)
+    with pytest.raises(ConfigError, match="runs 5 worker process.* it has 4 GPUs"):
+        _validate_cuda(4, monkeypatch)
+
+
+def test_a_bare_srun_job_passes_validation(env, monkeypatch):
+    """Failed on 1586a30: srun gives no LOCAL_WORLD_SIZE; its tasks on this node are what needs GPUs."""
+    env(RANK=1, WORLD_SIZE=8, SLURM_LOCALID=1, SLURM_NODEID=0, SLURM_STEP_TASKS_PER_NODE="4(x2)")
+    _validate_cuda(4, monkeypatch)
+
+
+def test_slimpars_launcher_still_needs_a_gpu_per_worker(env, monkeypatch):
+    """Without torchrun or srun every worker runs on this machine."""
+    with pytest.raises(ConfigError, match="runs 8 worker process.* it has 4 GPUs"):
+        _validate_cuda(4, monkeypatch)
+    _validate_cuda(8, monkeypatch)
