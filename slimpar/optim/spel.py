@@ -26,6 +26,7 @@ from torch.optim import Optimizer
 from torch.optim.adamw import adamw
 
 from slimpar.codecs.stiefel import BACKENDS, DEFAULT_POLAR_STEPS, msign, orth_error_tensor, pinned_fp32, tangent_project
+from slimpar.optim.adamw import adamw_kernels
 
 # ξ counts as zero when ‖ξ‖_F ≤ TANGENT_RTOL·‖M‖_F: at that level the tangent part is fp32 rounding
 # and ‖AᵀA − I‖ noise, and msign would turn the noise into a full-length (‖D‖₂ = 1) step.
@@ -150,17 +151,19 @@ class SPELAdamW(Optimizer):
         return loss
 
     def _adamw_group(self, group: dict[str, Any]) -> None:
-        """torch's own AdamW arithmetic on the whole group at once (``foreach``: one kernel per operation over
-        the group's tensors instead of a Python loop per parameter; state keys as ``torch.optim.AdamW``'s)."""
+        """torch's own AdamW arithmetic on the whole group at once (fused, or foreach: see
+        :func:`~slimpar.optim.adamw.adamw_kernels`; state keys as ``torch.optim.AdamW``'s)."""
         params, grads, avgs, avg_sqs, steps = [], [], [], [], []
+        kernels = adamw_kernels([p for p in group["params"] if p.grad is not None])
+        fused = kernels.get("fused", False)
         for p in group["params"]:
             if p.grad is None:
                 continue
             if p.grad.is_sparse:
                 raise RuntimeError("SPELAdamW does not support sparse gradients")
             state = self.state[p]
-            if not state:
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            if not state:  # fused kernels keep the step counter on the parameter's device (read by no host)
+                state["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device if fused else None)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             params.append(p)
@@ -170,8 +173,8 @@ class SPELAdamW(Optimizer):
             steps.append(state["step"])
         if params:
             beta1, beta2 = group["betas"]
-            adamw(params, grads, avgs, avg_sqs, [], steps, foreach=_foreach_ok(params), amsgrad=False, beta1=beta1,
-                  beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+            adamw(params, grads, avgs, avg_sqs, [], steps, **kernels, amsgrad=False, beta1=beta1, beta2=beta2,
+                  lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
 
     def _timed_spel(self, groups: list[dict[str, Any]]) -> float:
         start = time.perf_counter()
@@ -216,12 +219,6 @@ class SPELAdamW(Optimizer):
     def last_orth_tensor(self) -> Tensor | None:
         """The same as a 0-d device tensor (None before any SPEL step), without waiting for the device."""
         return self._last_orth
-
-
-def _foreach_ok(params: list[Tensor]) -> bool:
-    """Whether torch's foreach kernels take these tensors: one device type and plain or DTensor parameters
-    (foreach groups them by device and dtype itself)."""
-    return len({p.device.type for p in params}) == 1
 
 
 def _validate_group(group: dict[str, Any]) -> None:

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from slimpar.optim.adamw import adamw_kernels
+
 if TYPE_CHECKING:
     from slimpar.config import Config
 
@@ -99,18 +101,6 @@ def build_optimizer(named_params: list[tuple[str, nn.Parameter]], cfg: Config) -
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8, **adamw_kernels(decay + no_decay))
-
-
-def adamw_kernels(params: list[torch.Tensor]) -> dict:
-    """torch's fused AdamW (one kernel over all parameters, step counters kept on their device: no host read per
-    parameter) where every parameter is a plain tensor on one device type; foreach where all are FSDP2's DTensor
-    shards, which still groups the tensors (torch's default on a CPU is a Python loop per parameter); the loop
-    where the two kinds mix."""
-    sharded = [hasattr(p, "to_local") for p in params]
-    if not any(sharded) and len({p.device.type for p in params}) <= 1:
-        return {"fused": True}
-    # foreach needs one kind of tensor: holder-sharded FSDP2 leaves a block with one holder a plain tensor
-    return {"foreach": all(sharded)}
 
 
 def lr_at(step: int, cfg: Config, total_steps: int) -> float:

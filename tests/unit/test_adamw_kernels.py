@@ -4,7 +4,7 @@ counter per parameter), foreach on FSDP2 shards, and the loop where the two kind
 import torch
 from torch import nn
 
-from slimpar.train.build import adamw_kernels
+from slimpar.optim.adamw import adamw_kernels
 
 
 class _Shard(torch.Tensor):  # stands in for a DTensor: adamw_kernels tells them apart by to_local
