@@ -27,6 +27,12 @@ def local_rank(env: Mapping[str, str] = os.environ) -> int:
     return 0
 
 
+def gpu_index(local: int, gpus: int, backend: str = "auto") -> int:
+    """The GPU a process of local rank ``local`` drives: its own, one per process; with gloo (which also reduces
+    CUDA tensors, unlike NCCL it takes several ranks on one GPU) the local ranks take the GPUs in turn."""
+    return local % max(gpus, 1) if backend == "gloo" else local
+
+
 def local_world_size(env: Mapping[str, str] = os.environ, default: int = 1) -> int:
     """How many of the job's processes run on this machine; ``default`` when neither torchrun nor srun says."""
     if env.get("LOCAL_WORLD_SIZE", "").strip():

@@ -70,11 +70,12 @@ def test_a_bare_srun_rank_drives_its_own_gpu(env, monkeypatch, tmp_path):
     assert ctx.device == torch.device("cuda", 2) and chosen == [torch.device("cuda", 2)]
 
 
-def _validate_cuda(gpus: int, monkeypatch, workers: int = 8) -> None:
+def _validate_cuda(gpus: int, monkeypatch, workers: int = 8, backend: str = "nccl") -> None:
     from slimpar.train.validate.checks import load_run_config
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    load_run_config(str(TINY), ["--parallel.device", "cuda", "--parallel.backend", "gloo", "--parallel.mode", "ddp",
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)  # this CPU build has none
+    load_run_config(str(TINY), ["--parallel.device", "cuda", "--parallel.backend", backend, "--parallel.mode", "ddp",
                                 "--parallel.workers", str(workers)], training=False)
 
 
@@ -98,3 +99,23 @@ def test_slimpars_launcher_still_needs_a_gpu_per_worker(env, monkeypatch):
     with pytest.raises(ConfigError, match="runs 8 worker process.* it has 4 GPUs"):
         _validate_cuda(4, monkeypatch)
     _validate_cuda(8, monkeypatch)
+
+
+def test_gloo_ranks_share_the_gpus_in_turn(env, monkeypatch, tmp_path):
+    """gloo reduces CUDA tensors too and, unlike NCCL, takes several ranks on one GPU: 4 workers on 1 GPU pass
+    validation and all drive cuda:0 (the device check's cuda:gloo row); NCCL still needs a GPU each."""
+    from slimpar.parallel.placement import gpu_index
+    from slimpar.train.launch.context import init_context
+    from slimpar.train.validate.checks import load_run_config
+
+    assert [gpu_index(r, 1, "gloo") for r in range(4)] == [0, 0, 0, 0]
+    assert [gpu_index(r, 2, "gloo") for r in range(4)] == [0, 1, 0, 1]
+    assert [gpu_index(r, 4, "nccl") for r in range(4)] == [0, 1, 2, 3]
+    _validate_cuda(1, monkeypatch, workers=4, backend="gloo")
+    with pytest.raises(ConfigError, match="runs 4 worker process.* it has 1 GPUs"):
+        _validate_cuda(1, monkeypatch, workers=4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    env(RANK=3, WORLD_SIZE=4, LOCAL_RANK=3, LOCAL_WORLD_SIZE=4)
+    cfg = load_run_config(str(TINY), ["--parallel.device", "cpu", "--parallel.backend", "gloo"], training=False)
+    cfg.parallel.device = "cuda"
+    assert init_context(cfg, tmp_path).device == torch.device("cuda", 0)

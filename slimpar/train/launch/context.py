@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from slimpar.config import Config
-from slimpar.parallel.placement import local_rank, local_world_size
+from slimpar.parallel.placement import gpu_index, local_rank, local_world_size
 
 
 @dataclass
@@ -39,7 +39,7 @@ def init_context(cfg: Config, out_dir: Path) -> RunContext:
     rank = int(os.environ.get("RANK", "0"))
     device = torch.device("cpu")
     if cfg.parallel.device == "cuda":  # this machine's GPU number local_rank: LOCAL_RANK, or SLURM_LOCALID under srun
-        device = torch.device("cuda", local_rank())
+        device = torch.device("cuda", gpu_index(local_rank(), torch.cuda.device_count(), cfg.parallel.backend))
         torch.cuda.set_device(device)
     else:
         _share_cores(world)

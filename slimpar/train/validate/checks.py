@@ -168,13 +168,15 @@ def validate(cfg: Config, *, training: bool = True) -> None:
 def _check_local_gpus(cfg: Config) -> None:
     """One GPU per worker process on this machine: under torchrun its LOCAL_WORLD_SIZE, under a bare srun its tasks
     on this node, one for an in-process run, else every worker (slimpar's own launcher). Never the job's total:
-    two nodes of four GPUs run eight workers."""
+    two nodes of four GPUs run eight workers. With ``parallel.backend`` gloo the workers may share one GPU."""
     import torch
 
     from slimpar.parallel.placement import local_world_size
     from slimpar.train.validate.processes import runs_in_process
 
     local = 1 if runs_in_process(cfg) else local_world_size(default=cfg.parallel.workers)
+    if cfg.parallel.backend == "gloo":  # gloo's ranks can share a GPU (parallel/placement.gpu_index)
+        local = min(local, 1)
     if torch.cuda.device_count() < local:
         raise ConfigError(f"parallel.device = 'cuda' runs {local} worker process(es) on this machine, one GPU each; "
                           f"it has {torch.cuda.device_count()} GPUs (use --parallel.device cpu)")

@@ -134,9 +134,12 @@ def _logits_bytes(cfg: Config, vocab: int | None) -> int:
 
 def local_ranks(cfg: Config, in_process: bool) -> list[int]:
     """The ranks (indices into :func:`rank_floors`) whose processes share this machine."""
-    if "LOCAL_WORLD_SIZE" in os.environ:
-        first = int(os.environ.get("RANK", "0")) - int(os.environ.get("LOCAL_RANK", "0"))
-        return list(range(first, first + int(os.environ["LOCAL_WORLD_SIZE"])))
+    from slimpar.parallel.placement import local_rank, local_world_size
+
+    here = local_world_size(default=0)  # torchrun's LOCAL_WORLD_SIZE, or a bare srun's tasks on this node
+    if here:
+        first = int(os.environ.get("RANK", "0")) - local_rank()
+        return list(range(first, first + here))
     return [0] if in_process else list(range(cfg.parallel.workers))
 
 
