@@ -105,6 +105,7 @@ def standin_trainer(cfg, rank: int, device: torch.device, out: Path):
     from slimpar.train.guard import StepGuard
     from slimpar.train.launch.context import RunContext
     from slimpar.train.launch.elastic import SampleLog
+    from slimpar.train.launch.preempt import STOP_SIGNALS, StopRequest
     from slimpar.train.strategies import build_strategy
     from slimpar.train.trainer import Trainer
 
@@ -117,7 +118,8 @@ def standin_trainer(cfg, rank: int, device: torch.device, out: Path):
     trainer.optimizer = trainer.strategy.build_optimizer(cfg)
     trainer.base_lrs = [g["lr"] for g in trainer.optimizer.param_groups]
     trainer.total = total_steps(cfg)
-    trainer.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, rank)
+    trainer.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, rank, STOP_SIGNALS)
+    trainer.stop = StopRequest.inactive()  # as Trainer.__init__ makes it without a worker's stop request
     trainer.samples = SampleLog(False, ctx.group)
     return trainer
 

@@ -81,10 +81,12 @@ class SyncMessage:
 
     @staticmethod
     def payload_specs(
-        header: torch.Tensor, num_rows: int, dim: int
+        header: torch.Tensor | list[int], num_rows: int, dim: int
     ) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """Shapes and dtypes of the tensors that follow ``header``, for preallocating receive buffers."""
-        kind, count = KINDS[int(header[2])], int(header[3])
+        """Shapes and dtypes of the tensors that follow ``header`` (a tensor, or its values already read), for
+        preallocating receive buffers."""
+        values = header.tolist() if isinstance(header, torch.Tensor) else header
+        kind, count = KINDS[int(values[2])], int(values[3])
         specs: list[tuple[tuple[int, ...], torch.dtype]] = []
         if kind == "delta":
             specs.append(((count,), row_index_dtype(num_rows)))
@@ -93,17 +95,19 @@ class SyncMessage:
         return specs
 
     @classmethod
-    def from_tensors(cls, tensors: list[torch.Tensor], num_rows: int, dim: int) -> SyncMessage:
-        """Rebuild a message from ``to_tensors()`` output (header first)."""
+    def from_tensors(cls, tensors: list[torch.Tensor], num_rows: int, dim: int,
+                     header_values: list[int] | None = None) -> SyncMessage:
+        """Rebuild a message from ``to_tensors()`` output (header first; ``header_values``: its values, where the
+        receiver already read them)."""
         header = tensors[0]
         if header.numel() != HEADER_NUMEL:
             raise ValueError(f"header must have {HEADER_NUMEL} int64 entries, got {header.numel()}")
-        version, base, kind_code, count = (int(v) for v in header.tolist())
+        values = header_values if header_values is not None else header.tolist()
+        version, base, kind_code, count = (int(v) for v in values)
         kind = KINDS[kind_code]
-        if len(tensors) != 1 + len(cls.payload_specs(header, num_rows, dim)):
-            raise ValueError(
-                f"a {kind!r} message needs {1 + len(cls.payload_specs(header, num_rows, dim))} tensors"
-            )
+        specs = cls.payload_specs(values, num_rows, dim)
+        if len(tensors) != 1 + len(specs):
+            raise ValueError(f"a {kind!r} message needs {1 + len(specs)} tensors")
         if kind == "delta":
             rows = (
                 tensors[1].to(torch.int64) & 0xFFFF if tensors[1].dtype == torch.int16 else tensors[1].long()

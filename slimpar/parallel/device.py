@@ -17,6 +17,14 @@ import torch
 import torch.distributed as dist
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``: for a GPU through pinned memory and without waiting (a copy from pageable
+    memory makes the host wait for the device's queue); elsewhere as it is or a plain copy."""
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def group_device(group: dist.ProcessGroup | None) -> torch.device:
     """Where ``group``'s collectives take their tensors: the CPU where its backend takes CPU tensors (gloo)
     or there is no group, else its one device type (NCCL: the bound CUDA device, or the current one)."""
@@ -31,3 +39,11 @@ def group_device(group: dist.ProcessGroup | None) -> torch.device:
     if types[0] == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device(types[0])
+
+
+def cuda_memory(device: torch.device) -> dict:
+    """``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` of ``device`` (empty off a GPU)."""
+    if device.type != "cuda":
+        return {}
+    return {"cuda_max_allocated_bytes": torch.cuda.max_memory_allocated(device),
+            "cuda_max_reserved_bytes": torch.cuda.max_memory_reserved(device)}

@@ -9,11 +9,17 @@ where they cost nothing: :class:`SyncCounter` counts them on the CPU, so a test 
 without a GPU (the device-side sync of a step's timing, ``torch.cuda.synchronize``, is not an aten op).
 
 Every aten op is one kernel launch or more on a GPU; ``ops`` counts them too.
+
+On a CPU run the host's own tensors and the device's are the same kind, so code that works on data which lives
+on the host in a GPU run too (a batch's token ids before they are copied) says so with :func:`host_only`, and
+what it does there is not counted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import traceback
 from collections import Counter
 from collections.abc import Iterator
 
@@ -25,6 +31,17 @@ from torch.utils._pytree import tree_leaves
 _WAITS = {"_local_scalar_dense", "nonzero", "masked_select", "unique_dim", "_unique2", "_unique", "unique_consecutive",
           "bincount", "equal", "histc"}
 _MASKS = (torch.bool, torch.uint8)
+_HOST_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("slimpar_host_only", default=False)
+
+
+@contextlib.contextmanager
+def host_only() -> Iterator[None]:
+    """Declare that the ops inside work on host tensors in every run (no device to wait for): not counted."""
+    token = _HOST_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _HOST_ONLY.reset(token)
 
 
 def waits_for_device(func, args, kwargs) -> str | None:
@@ -47,8 +64,19 @@ def waits_for_device(func, args, kwargs) -> str | None:
     return None
 
 
+def call_site() -> str:
+    """``path:line`` of the innermost frame of slimpar's own code (outside this module and the instrument) that led
+    here, else the innermost frame outside torch: where a sync comes from."""
+    frames = traceback.extract_stack()[:-2]
+    ours = [f for f in frames if "/slimpar/" in f.filename and not f.filename.endswith(("syncs.py", "comm.py"))]
+    other = [f for f in frames if "/torch/" not in f.filename]
+    f = (ours or other or frames)[-1]
+    return f"{f.filename.split('/slimpar/')[-1] if '/slimpar/' in f.filename else f.filename}:{f.lineno}"
+
+
 class SyncCount:
-    """Host syncs by kind and aten ops seen (fed by :meth:`see`; ``tolist`` / ``numpy`` through :meth:`methods`)."""
+    """Host syncs by kind and call site, and aten ops seen (fed by :meth:`see`; ``tolist`` / ``numpy`` through
+    :meth:`methods`)."""
 
     def __init__(self) -> None:
         self.syncs: Counter[str] = Counter()
@@ -59,10 +87,12 @@ class SyncCount:
         return sum(self.syncs.values())
 
     def see(self, func, args, kwargs) -> None:
+        if _HOST_ONLY.get():
+            return
         self.ops += 1
         kind = waits_for_device(func, args, kwargs or {})
         if kind:
-            self.syncs[kind] += 1
+            self.syncs[f"{kind} at {call_site()}"] += 1
 
     @contextlib.contextmanager
     def methods(self) -> Iterator[None]:
@@ -71,7 +101,8 @@ class SyncCount:
 
         def counted(name):
             def method(t, *a, **k):
-                self.syncs[name] += 1
+                if not _HOST_ONLY.get():
+                    self.syncs[f"{name} at {call_site()}"] += 1
                 return saved[name](t, *a, **k)
             return method
 

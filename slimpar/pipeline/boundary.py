@@ -28,12 +28,22 @@ import torch
 from torch import Tensor, nn
 
 from slimpar.codecs.anchors import FixedTokenTable, build_anchor
-from slimpar.codecs.codebook_sync import HEADER_DTYPE, HEADER_NUMEL, CodebookReceiver, CodebookSender, SyncMessage
+from slimpar.codecs.codebook_sync import (
+    HEADER_DTYPE,
+    HEADER_NUMEL,
+    CodebookReceiver,
+    CodebookSender,
+    SyncMessage,
+)
 from slimpar.codecs.packing import bits_for, ids_to_payload, pack_indices, packed_nbytes, payload_to_ids, unpack_indices
 from slimpar.codecs.projector import StiefelProjector
 from slimpar.codecs.rvq import ResidualVQ
 from slimpar.pipeline.spec import CodecSpec, StageContext
 from slimpar.pipeline.wire import Message, Packet, WireSpec
+
+# a codebook change where the sender's schedule has none: the two ends' rvq settings or microbatches differ
+_UNEXPECTED = ("a codebook header between two steps' first microbatches was not 'none' at the version held: the "
+               "sender changed its codebook where its schedule says it does not")
 
 
 class _InjectLoss(torch.autograd.Function):
@@ -169,6 +179,7 @@ class BoundaryDecoder(_Half):
         self.codebook = None
         if spec.rvq is not None:
             self.codebook = CodebookReceiver(spec.rank, spec.rvq.levels, spec.rvq.codebook)
+        self._header: list[int] | None = None  # the codebook header read for the microbatch being received
 
     def fixed_spec(self, shape: tuple[int, int]) -> list[WireSpec]:
         """Shapes of a message's fixed part for a (mb, T) microbatch, in wire order."""
@@ -184,13 +195,35 @@ class BoundaryDecoder(_Half):
             out.append(WireSpec("ids", shape, s.ids_dtype))
         return out
 
+    def reads_header(self) -> bool:
+        """Whether this microbatch's codebook header is read on the host.
+
+        The sender changes its codebook only at the first forward of a step (an EMA update every
+        ``rvq.update_every`` steps, a full table every ``rvq.sync_every`` steps: whole steps of forwards, counted
+        from the first), so only a step's first microbatch can bring rows; the others carry "none". Reading a
+        header makes a GPU wait, so the others are checked on the device instead (:meth:`_expect_none`, an
+        assertion the device raises without the host waiting). ``rvq.update_every`` 0 (an update every
+        microbatch) reads them all."""
+        return self.spec.rvq.update_every == 0 or self.context.microbatch == 0
+
     def extra_spec(self, fixed: list[Tensor]) -> list[WireSpec]:
         """Shapes of the variable tail announced by a received fixed part (codebook rows)."""
-        if self.spec.rvq is None or not self.training:
+        self._header = None
+        if self.spec.rvq is None or not self.training or not self.reads_header():
             return []
+        self._read_header(fixed[1])
         num_rows = self.spec.rvq.levels * self.spec.rvq.codebook
         return [WireSpec("codebook", shape, dtype)
-                for shape, dtype in SyncMessage.payload_specs(fixed[1], num_rows, self.spec.rank)]
+                for shape, dtype in SyncMessage.payload_specs(self._header, num_rows, self.spec.rank)]
+
+    def _read_header(self, header: Tensor) -> None:
+        self._header = header.tolist()  # the one wait, once per step
+
+    def _expect_none(self, header: Tensor) -> None:
+        """Assert on the device that an unread header is "none" at the version this end holds."""
+        want = torch.zeros(HEADER_NUMEL, dtype=header.dtype, device=header.device)
+        want[0] = want[1] = self.codebook.version
+        torch._assert_async((header == want).all(), _UNEXPECTED)
 
     def decode(self, fixed: list[Tensor], extra: list[Tensor], shape: tuple[int, int]) -> Tensor:
         """The sender's ``out`` (mb, T, w) from a received message; received ids go to the context."""
@@ -201,10 +234,16 @@ class BoundaryDecoder(_Half):
             if self.codebook.codebooks.device != fixed[0].device:  # not a buffer: follow the wire's device
                 self.codebook.codebooks = self.codebook.codebooks.to(fixed[0].device)
             version = self.codebook.version
-            if self.training:
-                msg = SyncMessage.from_tensors([fixed[1], *extra], s.rvq.levels * s.rvq.codebook, s.rank)
+            if self.training and self._header is None and self.reads_header():  # the caller skipped extra_spec
+                self._read_header(fixed[1])
+            if self.training and self._header is None:  # not read on the host: "none" by the schedule
+                self._expect_none(fixed[1])
+            elif self.training:
+                msg = SyncMessage.from_tensors([fixed[1], *extra], s.rvq.levels * s.rvq.codebook, s.rank,
+                                               header_values=self._header)
                 self.codebook.apply(msg)
                 version = msg.version
+                self._header = None
             idx = unpack_indices(fixed[0], bits_for(s.rvq.codebook), (*shape, s.rvq.levels))
             return self.codebook.decode(idx, version)  # (mb, T, r): the sender's q, bit for bit
         return s.codec.cast.decode(fixed)

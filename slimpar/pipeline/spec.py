@@ -18,6 +18,8 @@ from torch import Tensor
 
 from slimpar.codecs.anchors import rows_for
 from slimpar.codecs.packing import UINT16_LIMIT
+from slimpar.parallel.device import to_device
+from slimpar.parallel.syncs import host_only
 from slimpar.pipeline.codec_kinds import CODEC_KINDS, CodecKind, codec_kind
 
 CODECS = tuple(CODEC_KINDS)
@@ -145,11 +147,21 @@ class StageContext:
                                "nor provided by the stage's own loader")
         return self.ids[self.microbatch]
 
+    host_ids: Tensor | None = None  # the step's (b, T) ids on the host, where the stage's loader gave them
+
     def touched_rows(self) -> Tensor:
         """Sorted distinct token ids of the step's microbatches: the only anchor (or tied embedding) rows
-        with a gradient."""
-        return rows_for(list(self.ids.values()))  # (u,) int64
+        with a gradient. From the host's copy of the ids where there is one: their number sizes messages, and
+        finding it on a GPU would make the host wait."""
+        ids = list(self.ids.values())
+        if self.host_ids is None or not ids:
+            return rows_for(ids)  # (u,) int64
+        with host_only():  # the loader's ids, on the host in every run
+            rows = rows_for([self.host_ids])
+        return to_device(rows, ids[0].device)
 
-    def set_batch(self, x: Tensor, microbatches: int) -> None:
-        """Split a stage's own (b, T) token batch into the microbatches' ids (pipelining's dim-0 split)."""
+    def set_batch(self, x: Tensor, microbatches: int, host: Tensor | None = None) -> None:
+        """Split a stage's own (b, T) token batch into the microbatches' ids (pipelining's dim-0 split);
+        ``host``: the same batch on the host, if the caller has it."""
         self.ids = dict(enumerate(torch.tensor_split(x, microbatches, dim=0)))
+        self.host_ids = host

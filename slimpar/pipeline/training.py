@@ -18,7 +18,6 @@ docs/pipeline.md, "Starting and stepping A". Per step, on every rank that holds 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -95,8 +94,9 @@ def freeze_projectors(module: nn.Module, syncs: Sequence[SharedParamSync]) -> No
 
 
 def clip_grad_norm(spec: MaplTrainingSpec, module: nn.Module, params: list[nn.Parameter],
-                   owned: list[nn.Parameter], max_norm: float, sum_pipeline: Callable[[Tensor], Tensor]) -> float:
-    """Clip ``params``' gradients by the norm over all stages of one pipeline; returns that norm.
+                   owned: list[nn.Parameter], max_norm: float, sum_pipeline: Callable[[Tensor], Tensor]) -> Tensor:
+    """Clip ``params``' gradients by the norm over all stages of one pipeline; returns that norm (a float64
+    scalar on the gradients' device: the factors are applied there, so clipping never waits for the device).
 
     ``owned``: the parameters this rank counts in the norm (each shared or tied weight once over the
     pipeline); ``sum_pipeline`` sums a float64 tensor over the stages. The same factor is applied on every
@@ -108,21 +108,22 @@ def clip_grad_norm(spec: MaplTrainingSpec, module: nn.Module, params: list[nn.Pa
     if clip == "separate":
         parts.append(_sq_norm([p for p in owned if id(p) in proj]))
     sq = sum_pipeline(torch.stack(parts))  # one all-reduce of 1 or 2 numbers
-    total = math.sqrt(float(sq[0]))
+    total = sq[0].sqrt()
     _scale([p for p in params if id(p) not in proj], max_norm / (total + 1e-6))
     if clip == "separate":
-        _scale([p for p in params if id(p) in proj], max_norm / (math.sqrt(float(sq[1])) + 1e-6))
+        _scale([p for p in params if id(p) in proj], max_norm / (sq[1].sqrt() + 1e-6))
     return total
 
 
 def _sq_norm(params: list[nn.Parameter]) -> torch.Tensor:
-    """Σ ‖grad‖² over ``params`` as a float64 CPU scalar."""
+    """Σ ‖grad‖² over ``params`` as a float64 scalar on their device."""
     norms = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
-    return torch.stack(norms).double().pow(2).sum().cpu() if norms else torch.zeros((), dtype=torch.float64)
+    device = next((p.device for p in params), None)
+    return torch.stack(norms).double().pow(2).sum() if norms else torch.zeros((), dtype=torch.float64, device=device)
 
 
-def _scale(params: list[nn.Parameter], coef: float) -> None:
-    if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coef)
+def _scale(params: list[nn.Parameter], coef: Tensor) -> None:
+    """Multiply the gradients by min(1, ``coef``) on the device (by 1: unchanged, bit for bit)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, coef.clamp(max=1.0).to(grads[0].device))

@@ -45,15 +45,17 @@ class VirtualPipeline:
             self.syncs.append((tied_sync(stages[0].tied_parameters(), "sender", first, tied_dtype),
                                tied_sync(stages[-1].tied_parameters(), "receiver", last, tied_dtype)))
 
-    def set_batch(self, x: Tensor, microbatches: int) -> None:
-        """Stage 0 always knows the ids; the others read them locally unless they arrive on the wire."""
+    def set_batch(self, x: Tensor, microbatches: int, host: Tensor | None = None) -> None:
+        """Stage 0 always knows the ids; the others read them locally unless they arrive on the wire
+        (``host``: the batch's ids on the host, where the caller has them)."""
         for s, stage in enumerate(self.stages):
             if s == 0 or not (stage.decoder is not None and stage.decoder.spec.sends_ids):
-                stage.context.set_batch(x, microbatches)
+                stage.context.set_batch(x, microbatches, host)
 
-    def step(self, x: Tensor, y: Tensor, microbatches: int) -> float:
-        """Forward and backward of one (b, T) batch in ``microbatches`` microbatches; mean loss."""
-        self.set_batch(x, microbatches)
+    def step(self, x: Tensor, y: Tensor, microbatches: int, host: Tensor | None = None) -> Tensor:
+        """Forward and backward of one (b, T) batch in ``microbatches`` microbatches; the mean loss as a float64
+        scalar on the device (not read here: reading it would make a GPU wait). ``host``: ``x`` on the host."""
+        self.set_batch(x, microbatches, host)
         losses = [self._microbatch(m, xm, ym) for m, (xm, ym) in
                   enumerate(zip(torch.tensor_split(x, microbatches), torch.tensor_split(y, microbatches),
                                 strict=True))]
@@ -62,7 +64,7 @@ class VirtualPipeline:
                 if p.grad is not None:
                     p.grad.div_(microbatches)
         self.exchange_shared_grads()
-        return float(torch.stack(losses).mean())
+        return torch.stack(losses).detach().mean().double()
 
     def _microbatch(self, m: int, x: Tensor, y: Tensor) -> Tensor:
         outs, leaves, inp = [], [], x

@@ -162,13 +162,14 @@ class BatchedSDP:
             torch._foreach_mul_(grads, s)
 
     @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip by the norm of the averaged gradient (per-tensor norms, combined in float64); returns that norm."""
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip by the norm of the averaged gradient (per-tensor norms, combined in float64); returns that norm as
+        a device scalar, the factor applied on the device (1 where the norm is under ``max_norm``)."""
         grads = [p.grad for p, _ in self.scales if p.grad is not None]
         norms = torch.stack(torch._foreach_norm(grads)).double() if grads else torch.zeros(1, dtype=torch.float64)
-        norm = float(norms.pow(2).sum().sqrt())
-        if max_norm > 0 and norm > max_norm:
-            torch._foreach_mul_(grads, max_norm / (norm + 1e-6))
+        norm = norms.pow(2).sum().sqrt()
+        if max_norm > 0 and grads:
+            torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))
         return norm
 
     # --------------------------------------------------------------- full model

@@ -84,7 +84,7 @@ class HolderSync:
         if regime != "backward":
             refresh = {}
         self.refresh_sets = refresh_sets(plan) if refresh is None else refresh
-        self.steps, self.last_drift = 0, 0.0
+        self.steps, self._drift = 0, None
         self.everyone = tuple(range(plan.world_size))
         self.grad_sync: GradSync | None = None
         if not fsdp_does_averaging and plan.world_size > 1:
@@ -126,16 +126,17 @@ class HolderSync:
             self.grad_sync.enabled = True
 
     # -------------------------------------------------------------- clipping
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip by the norm of the full model's averaged gradient (the same on every worker); returns it."""
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip by the norm of the full model's averaged gradient (the same on every worker); returns it as a
+        float64 device scalar. The factor min(1, max_norm / (norm + 1e-6)) is applied on the device (a factor of
+        1 leaves a gradient bit for bit), so clipping never waits for the device."""
         parts = {w: _sum_sq(self._counted_grads(w, sub), self.device).reshape(1) for w, sub in self.subs.items()}
-        norm = float(self.comm.sum_all(parts).sum().sqrt())
-        if max_norm > 0 and norm > max_norm:
-            scale = max_norm / (norm + 1e-6)
-            for m in self.modules.values():
-                for p in m.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
+        norm = self.comm.sum_all(parts).sum().sqrt()
+        if max_norm > 0:
+            scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+            grads = [p.grad for m in self.modules.values() for p in m.parameters() if p.grad is not None]
+            for g in grads:
+                g.mul_(scale)
         return norm
 
     def _counted_grads(self, w: int, sub: Subnet) -> list[torch.Tensor]:
@@ -154,7 +155,7 @@ class HolderSync:
         self.steps += 1
         if self.regime != "backward" or self.plan.world_size == 1 or self.steps % self.refresh_every:
             return
-        drift = 0.0
+        drift = torch.zeros((), device=self.device)  # read only when reported: no wait for the device here
         for c, members in self.refresh_sets.items():  # in plan order on every rank: deadlock-free
             here = [w for w in self.comm.workers if w in members]
             if not here:
@@ -164,12 +165,18 @@ class HolderSync:
             root = next(w for w in members if self.plan.mask[w, c])
             self.comm.broadcast(members, flats, root)
             for w, old in before.items():
-                drift = max(drift, float((flats[w] - old).abs().max())) if old.numel() else drift
+                drift = torch.maximum(drift, (flats[w] - old).abs().max().float()) if old.numel() else drift
                 offset = 0
                 for v in self.subs[w].views[c]:
                     v.copy_(flats[w][offset:offset + v.numel()].view_as(v))
                     offset += v.numel()
-        self.last_drift = drift
+        self._drift = drift
+
+    @property
+    def last_drift(self) -> float:
+        """The largest change a refresh made to a stale copy, at the last refresh (reading it waits for the
+        device)."""
+        return float(self._drift) if self._drift is not None else 0.0
 
     # -------------------------------------------------------- replica checks
     @torch.no_grad()

@@ -87,7 +87,7 @@ class VirtualSDP:
         """Average every component's gradient over its holders, shared parameters over all workers."""
         self.holders.sync()
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip every worker by the norm of the full model's averaged gradient; returns that norm."""
         return self.holders.clip_grad_norm_(max_norm)
 

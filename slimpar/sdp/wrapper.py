@@ -107,7 +107,7 @@ class SubnetworkDataParallel(nn.Module):
         """Accumulate gradients locally (gradient accumulation); the next synced backward averages."""
         return self.holders.no_sync()
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the norm of the full model's averaged gradient (identical on every worker)."""
         return self.holders.clip_grad_norm_(max_norm)
 

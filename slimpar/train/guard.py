@@ -2,10 +2,14 @@
 
 A diverged run must not go on training on garbage and export it with exit code 0. Every rank must
 take the same decision (a rank that skips the optimizer step while another applies it leaves the
-replicas apart and the next collective mismatched), so the local verdicts are OR-ed with one 8-byte
-all-reduce over the run's group before the optimizer step, of a tensor on the group's device (NCCL
-reduces CUDA tensors only: slimpar.parallel.device). That collective is kept out of the measured step's
-byte accounting: it is the guard's, not the method's.
+replicas apart and the next collective mismatched), so the local verdicts are summed with one small
+all-reduce over the run's group before the optimizer step, of a float64 vector on the group's device
+(NCCL reduces CUDA tensors only: slimpar.parallel.device). The same vector carries, summed: the ranks'
+losses and how many ranks have one (the logged mean loss, without a collective of its own) and which stop
+signal each rank received (one count per signal of ``stop_signals``: every rank stops after the same step,
+slimpar.train.launch.preempt). One read of the reduced vector, with this rank's loss and norm beside it, is
+the step's one host sync: the loss, the norm and the finiteness checks stay on the device until then.
+That collective is kept out of the measured step's byte accounting: it is the guard's, not the method's.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def grads_finite(params: Iterable[torch.nn.Parameter]) -> bool:
-    """Whether this rank's gradients are all finite: used when no gradient norm is computed (grad_clip 0)."""
-    return all(bool(torch.isfinite(_local(p.grad)).all()) for p in params if p.grad is not None)
+def grads_finite(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+    """Whether this rank's gradients are all finite, as a device bool (used when no gradient norm is computed,
+    grad_clip 0): one reduction per gradient, no read."""
+    checks = [torch.isfinite(_local(p.grad)).all() for p in params if p.grad is not None]
+    return torch.stack(checks).all() if checks else torch.ones((), dtype=torch.bool)
 
 
 def _paused(instrument: object | None):
@@ -50,27 +56,47 @@ class StepGuard:
     """Decides, identically on every rank, whether a step may update the weights.
 
     ``check`` returns True for a good step and False for a bad one within the ``skip_budget``; past the
-    budget it raises :class:`TrainingDiverged` naming the step, the values and the likely cause.
+    budget it raises :class:`TrainingDiverged` naming the step, the values and the likely cause. After it,
+    ``loss`` and ``gnorm`` hold this rank's values, ``mean_loss`` the mean over the ranks that have a loss and
+    ``signal`` the stop signal any rank received (0: none).
     """
 
-    def __init__(self, skip_budget: int, group: dist.ProcessGroup | None, lr: float, rank: int = 0):
+    def __init__(self, skip_budget: int, group: dist.ProcessGroup | None, lr: float, rank: int = 0,
+                 stop_signals: tuple[int, ...] = ()):
         self.skip_budget = skip_budget
         self.group = group
         self.lr = lr
         self.rank = rank
+        self.stop_signals = tuple(int(s) for s in stop_signals)
         self.skipped: list[int] = []  # steps (1-based) whose update was dropped
+        self.loss = self.gnorm = self.mean_loss = math.nan
+        self.signal = 0
 
-    def check(self, step: int, loss: float, gnorm: float | None, params: Iterable[torch.nn.Parameter] = (),
-              instrument: object | None = None) -> bool:
-        """``gnorm`` None means no norm was computed: then ``params``' gradients are checked on this rank."""
+    def check(self, step: int, loss, gnorm, params: Iterable[torch.nn.Parameter] = (),
+              instrument: object | None = None, signal: int = 0, has_loss: bool = True) -> bool:
+        """``loss`` and ``gnorm``: floats or device scalars (read here, once); ``gnorm`` None means no norm was
+        computed: then ``params``' gradients are checked on this rank. ``signal``: the stop signal this rank
+        received (0: none); ``has_loss`` False for a pipeline stage without a loss of its own."""
         with _paused(instrument):
-            local_grads_ok = grads_finite(params)
-            ok = math.isfinite(loss) and (gnorm is None or math.isfinite(gnorm)) and local_grads_ok
-            bad_ranks = self._agree(not ok)
+            device = group_device(self.group) if self.group is not None else _device_of(loss, gnorm)
+            mine = _values(loss if has_loss else 0.0, gnorm, params, device)  # [loss, norm, finite] float64
+            counts = torch.zeros(1 + len(self.stop_signals), dtype=torch.float64, device=device)  # no host copy
+            counts[0] = float(has_loss)
+            if signal in self.stop_signals:
+                counts[1 + self.stop_signals.index(signal)] = 1.0
+            shared = torch.cat([(mine[2] == 0).reshape(1).double(), (mine[0] * has_loss).reshape(1), counts])
+            if self.group is not None:
+                dist.all_reduce(shared, group=self.group)
+            read = torch.cat([shared, mine]).tolist()  # the step's one wait for the device
+        bad_ranks, loss_sum, ranks_with_loss, *signals = read[:3 + len(self.stop_signals)]
+        self.loss, self.gnorm, finite = read[-3], read[-2], bool(read[-1])
+        self.mean_loss = loss_sum / ranks_with_loss if ranks_with_loss else math.nan
+        self.signal = next((s for s, n in zip(self.stop_signals, signals, strict=True) if n), 0)
         if not bad_ranks:
             return True
         done = step + 1
-        what = _describe(loss, gnorm, local_grads_ok, bad_ranks, self.rank, self.group is not None)
+        what = _describe(self.loss if has_loss else 0.0, self.gnorm if gnorm is not None else None, finite,
+                         int(bad_ranks), self.rank, self.group is not None)
         if len(self.skipped) < self.skip_budget:
             self.skipped.append(done)
             return False
@@ -78,13 +104,23 @@ class StepGuard:
         raise TrainingDiverged(f"training diverged at step {done}{spent}: {what} (train.lr = {self.lr:g}); "
                                f"{ADVICE}")
 
-    def _agree(self, bad: bool) -> int:
-        """How many ranks saw a non-finite value (the same number on every rank)."""
-        if self.group is None:
-            return int(bad)
-        t = torch.tensor([float(bad)], dtype=torch.float64, device=group_device(self.group))
-        dist.all_reduce(t, group=self.group)
-        return int(t.item())
+
+def _device_of(*values) -> torch.device:
+    return next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+
+
+def _values(loss, gnorm, params, device: torch.device) -> torch.Tensor:
+    """[loss, norm (0 without one), 1 if both and this rank's unchecked gradients are finite] on ``device``."""
+    def as_t(v) -> torch.Tensor:  # a Python number becomes a fill on the device, not a copy from the host
+        if isinstance(v, torch.Tensor):
+            return v.detach().to(device, torch.float64).reshape(())
+        return torch.full((), float(v), dtype=torch.float64, device=device)
+
+    norm = as_t(gnorm if gnorm is not None else 0.0)
+    finite = torch.isfinite(as_t(loss)) & torch.isfinite(norm)
+    if gnorm is None:
+        finite = finite & grads_finite(params).to(device)
+    return torch.stack([as_t(loss), norm, finite.double()])
 
 
 def _describe(loss: float, gnorm: float | None, grads_ok: bool, bad_ranks: int, rank: int, distributed: bool) -> str:

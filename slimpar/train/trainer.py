@@ -11,11 +11,13 @@ import contextlib
 import json
 import time
 
+import torch
 import torch.distributed as dist
 
 from slimpar.config import Config, to_dict
 from slimpar.data.shares import batch_share
-from slimpar.parallel.comm import StepInstrument, wire_bytes_written
+from slimpar.parallel.comm import StepInstrument
+from slimpar.parallel.device import to_device
 from slimpar.train.build import build_data, build_model, eval_every, final_eval_config, lr_at, total_steps
 from slimpar.train.checkpoint.dcp import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from slimpar.train.checkpoint.export import export_safetensors
@@ -24,9 +26,10 @@ from slimpar.train.checkpoint.layout import checkpoint_layout
 from slimpar.train.guard import StepGuard, check_export
 from slimpar.train.launch.context import RunContext
 from slimpar.train.launch.elastic import SampleLog, membership_changes, record_membership
-from slimpar.train.launch.preempt import StopRequest
+from slimpar.train.launch.preempt import STOP_SIGNALS, StopRequest
 from slimpar.train.launch.run_files import record_run_files
 from slimpar.train.memory import accounting as memory
+from slimpar.train.memory.measured import measured_step
 from slimpar.train.sinks.metrics import (
     MetricsWriter,
     git_commit,
@@ -68,7 +71,7 @@ class Trainer:
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]  # before a resume overwrites them
         self.total = total_steps(cfg)
         self.eval_every = eval_every(cfg, self.total)
-        self.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, ctx.rank)
+        self.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, ctx.rank, STOP_SIGNALS)
         self.start, self.resumed_from = 0, None
         if cfg.checkpoint.resume:  # auto: the newest complete checkpoint, if any (--fresh: none)
             path = latest_checkpoint(ctx.out_dir)
@@ -92,7 +95,9 @@ class Trainer:
                                          cfg.data.seq_len)
         else:
             x, y = self.data.train_batch(step, s.dp_rank * acc + micro, s.dp_world * acc, cfg.train.batch_size)
-        return x.to(ctx.device), y.to(ctx.device)
+        if getattr(s, "host_batches", False):  # the strategy moves them (a pipeline keeps its token ids on the host)
+            return x, y
+        return to_device(x, ctx.device), to_device(y, ctx.device)
 
     def _step(self, step: int, instrument: StepInstrument | None = None,
               saved: memory.SavedActivations | None = None) -> tuple[float, float]:
@@ -102,10 +107,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.samples.step = step
         record = saved.record if saved is not None else contextlib.nullcontext
-        loss = self.strategy.train_step(step, self._batch, record)
+        loss = self.strategy.train_step(step, self._batch, record)  # device scalars: read once, by the guard
         self.strategy.after_backward()
         gnorm = self.strategy.clip_grad_norm(self.cfg.train.grad_clip) if self.cfg.train.grad_clip else 0.0
-        if self._step_is_finite(step, loss, gnorm, instrument):
+        finite = self._step_is_finite(step, loss, gnorm, instrument)
+        loss, gnorm = self.guard.loss, self.guard.gnorm if self.cfg.train.grad_clip else 0.0
+        if finite:
             self.optimizer.step()
         else:  # a skipped step (train.skip_bad_steps): no update, and no stale gradient left behind
             self.optimizer.zero_grad(set_to_none=True)
@@ -123,45 +130,17 @@ class Trainer:
         stage before the last has no loss of its own (it reports NaN), so only the last stage's counts.
         """
         clipped = bool(self.cfg.train.grad_clip)
-        if not self.strategy.loss_on_this_rank:
-            loss = 0.0
         params = () if clipped else self.strategy.parameters()
-        return self.guard.check(step, loss, gnorm if clipped else None, params, instrument)
+        signal = self.stop.signum if self.stop.active else 0  # every rank learns of any rank's stop signal here
+        return self.guard.check(step, loss, gnorm if clipped else None, params, instrument, signal,
+                                self.strategy.loss_on_this_rank)
 
     def _measured_step(self, step: int) -> tuple[float, float]:
-        """One step under exact accounting of memory and communication (see parallel/comm.py)."""
-        model = self.strategy.model
-        static = {**memory.param_storages(model), **memory.optimizer_storages(self.optimizer),
-                  **memory.buffer_storages(model), **memory.grad_storages(model)}
-        saved = memory.SavedActivations(exclude=memory.param_storages(model))
-        rss0, wire0 = memory.reset_peak_rss(), wire_bytes_written()
-        with StepInstrument() as inst:
-            loss, gnorm = self._step(step, inst, saved)
-        wire1, rss_peak = wire_bytes_written(), memory.peak_rss()
-        grads = memory.grad_storages(model)
-        persistent = {k: n for k, n in grads.items() if k not in inst.allocated and k not in static}
-        self.measured = {
-            "mem": {
-                "params": sum(memory.param_storages(model).values()),
-                "grads": sum(grads.values()),
-                "optimizer": sum(memory.optimizer_storages(self.optimizer).values()),
-                "buffers": sum(memory.buffer_storages(model).values()),
-                "activations": saved.bytes,
-                "peak_live": sum(static.values()) + sum(persistent.values()) + inst.peak,
-                "peak_step_alloc": inst.peak,  # what the RSS increase cross-checks
-                "peak_rss_delta": (rss_peak - rss0) if rss0 is not None and rss_peak is not None else None,
-            },
-            "comm_bytes": inst.comm_bytes,
-            "comm_by_op": dict(inst.comm),
-            "comm_calls": dict(inst.calls),
-            "host_syncs": inst.count.total,  # where a GPU run would wait for the device (parallel/syncs.py)
-            "host_syncs_by_kind": dict(inst.count.syncs),
-            "aten_ops": inst.count.ops,  # ops launched in the step
-            **inst.traffic(),  # modelled bytes sent and received (parallel/comm.traffic)
-            "wire_bytes": (wire1 - wire0) if wire0 is not None and wire1 is not None else None,
-            **self.strategy.extra_metrics(),
-        }
-        return loss, gnorm
+        """One step under exact accounting of memory and communication (train/memory/measured.py)."""
+        result, record = measured_step(lambda inst, saved: self._step(step, inst, saved), self.strategy.model,
+                                       self.optimizer, self.ctx.device)
+        self.measured = {**record, **self.strategy.extra_metrics()}
+        return result
 
     # ------------------------------------------------------------------- run
     def run(self) -> None:
@@ -185,15 +164,16 @@ class Trainer:
                 loss, gnorm = self._measured_step(step)
             else:
                 loss, gnorm = self._step(step)
+            if ctx.device.type == "cuda":  # the step's kernels have run, not only been queued
+                torch.cuda.synchronize(ctx.device)
             # every step's own time goes to metrics.jsonl; the instrumented one (slower) stays out of the median
             self.last_step_time = (time.perf_counter() - t0, step == measure_at)
             if step != measure_at:
                 self.step_times.append(self.last_step_time[0])
             self.strategy.end_of_step(step)
             self._after_step(step, loss, gnorm, progress)
-            signum = self.stop.agreed(ctx.group, ctx.device)  # one int32 all-reduce: every rank stops here or none
-            if signum:
-                self._stop(signum, step + 1, progress)
+            if self.guard.signal:  # agreed in the step's guard: every rank stops after this step or none does
+                self._stop(self.guard.signal, step + 1, progress)
         progress.close()
         if end < self.total:  # a planned stop: save and leave the rest to --resume
             path = save_checkpoint(ctx.out_dir, end, self.strategy.checkpoint_module, self.optimizer, ctx.rank,
@@ -222,7 +202,7 @@ class Trainer:
         cfg, done = self.cfg, step + 1
         last = done == self.total
         if done % cfg.log.every == 0 or last:
-            mean_loss = self.strategy.reduce_loss(loss)
+            mean_loss = self.strategy.reduce_loss(loss, self.guard.mean_loss)
             self.losses.append(mean_loss)
             seconds, instrumented = self.last_step_time
             record = {"step": done, "loss": mean_loss, "lr": lr_at(step, cfg, self.total), "grad_norm": gnorm,

@@ -39,7 +39,7 @@ SITES = {  # "file::function": where the tensors that enter its collectives live
     "slimpar/sdp/comm.py::GroupComm.send_to": "the same, sent to one worker",
     "slimpar/train/checkpoint/sdp.py::SDPFullState._assemble": "slices of the state dicts, buffers on ref.device",
     "slimpar/train/evaluate.py::_eval_split": "sums on the model's device",
-    "slimpar/train/guard.py::StepGuard._agree": "group_device(group)",
+    "slimpar/train/guard.py::StepGuard.check": "group_device(group): made there, or moved there (_values)",
     "slimpar/train/launch/preempt.py::StopRequest.agreed": "the run's device, passed in",
     "slimpar/train/memory/predict.py::_mean_in_place": "DDP's bucket (fake backend)",
     "slimpar/train/strategies/base.py::Strategy.reduce_loss": "group_device(group)",

@@ -56,7 +56,7 @@ def test_bad_pipeline_configs_are_rejected(case: str, monkeypatch) -> None:
 
 def test_cuda_without_enough_gpus_is_rejected(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    with pytest.raises(ConfigError, match="needs as many GPUs; this machine has 1"):
+    with pytest.raises(ConfigError, match="runs 2 worker process.*one GPU each; it has 1 GPUs"):
         load_run_config(TINY, GOOD + ["--parallel.device", "cuda"])
     virtual = ["--parallel.workers", "1", "--pipeline.virtual", "true", "--parallel.device", "cuda"]
     cfg = load_run_config(TINY, GOOD + virtual)

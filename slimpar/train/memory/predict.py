@@ -164,6 +164,8 @@ class _Pass:
     """A guard that lets every step through (the real one reads values; its memory is not counted)."""
 
     skipped: list[int] = []
+    loss = gnorm = mean_loss = 0.0  # what the trainer reads after a check: no values under fake tensors
+    signal = 0
 
     def check(self, *args, **kwargs) -> bool:
         return True
@@ -204,6 +206,7 @@ def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path, siz
     from slimpar.train.build import total_steps
     from slimpar.train.launch.context import RunContext
     from slimpar.train.launch.elastic import SampleLog
+    from slimpar.train.launch.preempt import StopRequest
     from slimpar.train.memory.predict_pipeline import CountedIds
     from slimpar.train.strategies import build_strategy
     from slimpar.train.trainer import Trainer
@@ -222,6 +225,7 @@ def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path, siz
     trainer.base_lrs = [g["lr"] for g in trainer.optimizer.param_groups]
     trainer.total = total_steps(cfg)
     trainer.guard = _Pass()
+    trainer.stop = StopRequest.inactive()
     trainer.samples = SampleLog(False, ctx.group)
     measure_at = max(min(cfg.log.measure_step, trainer.total - 1), 0)
     for step in range(measure_at):

@@ -104,6 +104,9 @@ def merge_ranks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "wire_bytes_per_step": (sum(wire) / len(wire)) if wire else None,
         "wire_bytes_per_step_max": max(wire) if wire else None,
     }
+    for key in ("cuda_max_allocated_bytes", "cuda_max_reserved_bytes"):  # on a GPU: the largest rank's
+        if any(key in r for r in per_rank):
+            out[key] = _max_known(r.get(key) for r in per_rank)
     for kind in ("sent", "recv"):
         vals = [r.get(f"comm_bytes_{kind}") for r in per_rank]
         known = [v for v in vals if v is not None]

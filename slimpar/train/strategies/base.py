@@ -15,6 +15,7 @@ this process reads.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 
 import torch
@@ -65,10 +66,11 @@ class Strategy:
     def no_sync(self) -> Iterator[None]:
         yield
 
-    def train_step(self, step: int, batch_fn: BatchFn, record: Recorder = contextlib.nullcontext) -> float:
+    def train_step(self, step: int, batch_fn: BatchFn, record: Recorder = contextlib.nullcontext) -> torch.Tensor:
         """Forward and backward of this rank's share of the global batch, ``train.grad_accum`` micro-batches
         (gradients communicated on the last only); ``record()`` wraps each forward (activation accounting).
-        Returns this rank's loss."""
+        Returns this rank's loss as a float64 scalar on the device: the trainer reads it once, with the guard's
+        other numbers (a read per micro-batch would make a GPU wait for each)."""
         acc, total = self.cfg.train.grad_accum, 0.0
         for micro in range(acc):
             x, y = batch_fn(step, micro)
@@ -77,7 +79,7 @@ class Strategy:
                 with record(), self.autocast():
                     loss = loss_fn(self.module(x), y) / acc
                 loss.backward()
-            total += float(loss.detach())
+            total = total + loss.detach().double()
         return total
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -89,8 +91,10 @@ class Strategy:
     def after_backward(self) -> None:
         """Finish gradient communication before the optimizer step."""
 
-    def clip_grad_norm(self, max_norm: float) -> float:
-        return float(torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm))
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Clip the gradients by their global norm; returns the norm as a device scalar (not read here)."""
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: the norm over every shard
 
     def after_step(self) -> None:
         """Work after the optimizer step (e.g. SDP's backward-masking refresh)."""
@@ -98,8 +102,11 @@ class Strategy:
     def end_of_step(self, step: int) -> None:
         """Checks after a whole step (e.g. SDP's replica check every ``sdp.check_every`` steps)."""
 
-    def reduce_loss(self, value: float) -> float:
-        """The mean of every rank's loss (the same on every rank)."""
+    def reduce_loss(self, value: float, mean: float | None = None) -> float:
+        """The mean of every rank's loss (the same on every rank): ``mean``, where the step's guard already
+        summed the ranks' losses in its all-reduce."""
+        if mean is not None and math.isfinite(mean):
+            return mean
         if self.group is None:
             return value
         t = torch.tensor([value], dtype=torch.float64, device=group_device(self.group))  # NCCL: CUDA only

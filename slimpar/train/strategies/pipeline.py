@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
 from slimpar.parallel.average import average_grads
+from slimpar.parallel.device import to_device
 from slimpar.pipeline.evaluate import all_reduce_sum, evaluate_pipeline
 from slimpar.pipeline.groups import PipelineLayout, build_groups
 from slimpar.pipeline.pca import calibrate_stage, calibrate_virtual
@@ -70,6 +71,11 @@ def _pca_batches(cfg, keep: frozenset[int] | None, batch_fn, d: int) -> list[tor
     if keep is None or resolve_projector_init(cfg.pipeline, d) != "pca":
         return []
     return [batch_fn(i, 0)[0] for i in range(cfg.pipeline.pca_batches)]
+
+
+def _on_device(batch_fn, device):
+    """``batch_fn`` of a pipeline strategy (host tensors, ``host_batches``) moved to ``device``."""
+    return lambda step, micro: tuple(to_device(t, device) for t in batch_fn(step, micro))
 
 
 def _checksum_due(cfg, step: int) -> bool:
@@ -119,16 +125,17 @@ class PipelineStrategy(PipelineStrategyBase):
     def _schedule_step(self, step: int, batch_fn) -> float:
         self._begin_step()
         keep = self._pca_keep(step)
-        batches = _pca_batches(self.cfg, keep, batch_fn, self.model_dim)
+        batches = _pca_batches(self.cfg, keep, _on_device(batch_fn, self.ctx.device), self.model_dim)
         if batches:
             calibrate_stage(self.stage, batches, self.pp_stage.prev, self.pp_stage.next, self._replica_sum, keep)
         self.start_step(step)
         if _checksum_due(self.cfg, step) and self.syncs:
             run_phases(self.syncs, "check_post", "check_finish")
-        x, y = batch_fn(step, 0)  # this replica's (b, T) batch: every stage reads it (ids, targets)
+        host, y = batch_fn(step, 0)  # this replica's (b, T) batch: every stage reads it (ids, targets)
+        x, y = to_device(host, self.ctx.device), to_device(y, self.ctx.device)
         stage, m = self.stage, self.cfg.pipeline.microbatches
         if stage.decoder is None or not stage.decoder.spec.sends_ids:
-            stage.context.set_batch(x, m)
+            stage.context.set_batch(x, m, host)
         losses: list[torch.Tensor] = []
         if self.pp_stage.is_first:
             self.schedule.step(x)
@@ -139,7 +146,9 @@ class PipelineStrategy(PipelineStrategyBase):
         self._replica_average()
         if self.syncs:
             run_phases(self.syncs, "post", "finish", rows=self._touched_rows())
-        return float(torch.stack(losses).detach().mean()) if losses else float("nan")
+        if not losses:  # a stage before the last has no loss of its own
+            return torch.full((), math.nan, dtype=torch.float64, device=self.ctx.device)
+        return torch.stack(losses).detach().mean().double()
 
     def _shared_syncs(self) -> list:
         return self.syncs
@@ -175,12 +184,12 @@ class PipelineStrategy(PipelineStrategyBase):
     def _sum_pipeline(self, t: torch.Tensor) -> torch.Tensor:
         t = t.to(self.ctx.device)  # NCCL reduces device tensors only
         dist.all_reduce(t, group=self.groups.pipeline)
-        return t.cpu()
+        return t  # stays on the device: the clip factors are applied there
 
     def _resyncs(self) -> int:
         return sum(s.resyncs for s in self.syncs)
 
-    def reduce_loss(self, value: float) -> float:
+    def reduce_loss(self, value: float, mean: float | None = None) -> float:
         """The last stages' mean loss on every rank; also gathers this step's bytes and orthogonality."""
         last = self.pp_stage.is_last
         t = torch.tensor([value if last else 0.0, 1.0 if last else 0.0, self.counter.step_bytes("fwd"),
@@ -221,7 +230,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
     """All P stages in this process (``pipeline.virtual = true``)."""
 
     def __init__(self, cfg, model, ctx):
-        self.model_dim = model.cfg.dim
+        self.model_dim, self.ctx = model.cfg.dim, ctx
         stages = [s.to(ctx.device) for s in build_run_stages(cfg, model, list(range(cfg.pipeline.stages)))]
         super().__init__(cfg, stages, 0, 1)
         pc = cfg.pipeline
@@ -231,14 +240,15 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
     def _schedule_step(self, step: int, batch_fn) -> float:
         self._begin_step()
         keep = self._pca_keep(step)
-        batches = _pca_batches(self.cfg, keep, batch_fn, self.model_dim)
+        batches = _pca_batches(self.cfg, keep, _on_device(batch_fn, self.ctx.device), self.model_dim)
         if batches:
             calibrate_virtual(self.stages, self.pipe.links, batches, keep)
         self.start_step(step)
         if _checksum_due(self.cfg, step):
             self.resyncs += self.pipe.check_shared()
-        x, y = batch_fn(step, 0)
-        return self.pipe.step(x, y, self.cfg.pipeline.microbatches)
+        host, y = batch_fn(step, 0)
+        x, y = to_device(host, self.ctx.device), to_device(y, self.ctx.device)
+        return self.pipe.step(x, y, self.cfg.pipeline.microbatches, host)
 
     def _resyncs(self) -> int:
         return self.resyncs
@@ -246,7 +256,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
     def _shared_syncs(self) -> list:
         return [end for pair in self.pipe.syncs for end in pair]
 
-    def reduce_loss(self, value: float) -> float:
+    def reduce_loss(self, value: float, mean: float | None = None) -> float:
         self._stats = {"pp_bytes_fwd": self.counter.step_bytes("fwd"), "pp_bytes_bwd": self.counter.step_bytes("bwd"),
                        "orth_error": self.last_orth}
         return value

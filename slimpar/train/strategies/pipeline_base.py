@@ -35,6 +35,7 @@ from slimpar.train.strategies.pipeline_specs import training_spec
 class PipelineStrategyBase(Strategy, abc.ABC):
     name = "pipeline"
     eval_sharded = False
+    host_batches = True  # the trainer's batches stay on the host: the stage moves them and keeps the ids there
 
     def __init__(self, cfg, stages: list[StageModule], replica: int, replicas: int):
         model = stages[0] if len(stages) == 1 else nn.ModuleDict({f"stage{s.stage}": s for s in stages})
@@ -134,7 +135,7 @@ class PipelineStrategyBase(Strategy, abc.ABC):
         copies |= {id(p) for s in self.stages if s.stage > 0 for _, p, _ in s.tied_parameters()}
         return [p for p in self.parameters() if id(p) not in copies]
 
-    def clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """Clip by the norm over all stages of one pipeline, the same factor on every stage; returns that norm.
 
         ``pipeline.clip_projector`` decides whether A's gradient counts in it (pipeline/training.py).

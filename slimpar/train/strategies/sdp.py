@@ -104,7 +104,7 @@ class SDPStrategy(Strategy):
     def after_backward(self) -> None:
         self.wrapper.sync()
 
-    def clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         return self.wrapper.clip_grad_norm_(max_norm)
 
     def after_step(self) -> None:

@@ -69,7 +69,7 @@ class BatchedVirtualSDPStrategy(VirtualSDPStrategy):
                     losses = [loss_fn(out, y) for out, y in zip(logits.split(self.wrapper.counts), ys, strict=True)]
                     loss = sum(losses) / acc
                 loss.backward()  # under the routing: activation checkpointing recomputes routed forwards
-            total += float(loss.detach()) / n
+            total = total + loss.detach().double() / n  # read once, by the trainer's guard
         return total
 
     def after_backward(self) -> None:

@@ -74,7 +74,7 @@ class VirtualSDPStrategy(SDPStrategy):
     def no_sync(self):
         return contextlib.nullcontext()
 
-    def train_step(self, step: int, batch_fn, record=contextlib.nullcontext) -> float:
+    def train_step(self, step: int, batch_fn, record=contextlib.nullcontext):
         """Every worker's forward and backward on its own batch (then the trainer calls ``after_backward``)."""
         acc = self.cfg.train.grad_accum
         totals = []
@@ -86,7 +86,7 @@ class VirtualSDPStrategy(SDPStrategy):
                 with record(), self.autocast():
                     loss = loss_fn(m(x), y) / acc
                 loss.backward()
-                total += float(loss.detach())
+                total = total + loss.detach().double()  # read once, by the trainer's guard
             totals.append(total)
         self.dp_rank = 0
         return sum(totals) / len(totals)
