@@ -68,33 +68,64 @@ class StopRequest:
         self.in_loop = False  # set by the trainer when its step loop starts (:meth:`arm`)
         self.saved_step: int | None = None
         self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
 
     @classmethod
     def inactive(cls) -> StopRequest:
         return cls(0.0, Path("."), False, active=False)
 
     def install(self) -> None:
-        """Handle SIGTERM and SIGUSR1 in this process (main thread only: Python's rule for handlers)."""
+        """Handle SIGTERM and SIGUSR1 in this process (main thread only: Python's rule for handlers).
+
+        Python runs a handler only when the main thread is back in the interpreter, and a rank blocked in a
+        collective (a peer that hangs: the case the grace time is for) may not be back for minutes. So the
+        signal's number also goes to a pipe (``signal.set_wakeup_fd``, written by the C-level handler at once)
+        that a thread watches: the grace clock starts when the signal arrives."""
         if self.active and threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handler) for s in STOP_SIGNALS}
+            read, write = os.pipe()
+            os.set_blocking(write, False)
+            self._wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+            threading.Thread(target=self._watch, args=(read,), daemon=True, name="slimpar-stop-signal").start()
 
     def uninstall(self) -> None:
         """The handlers from before :meth:`install` (an in-process run returns to the command line's)."""
         for s, handler in getattr(self, "_previous", {}).items():
             signal.signal(s, handler)
+        if hasattr(self, "_wakeup"):
+            signal.set_wakeup_fd(self._wakeup)
+
+    def _watch(self, fd: int) -> None:
+        """Start the grace clock as soon as a stop signal's number reaches the wakeup pipe."""
+        while True:
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for number in data:
+                if number in STOP_SIGNALS:
+                    self._note(number)
 
     def arm(self) -> None:
         """From here on a signal stops at the next step boundary instead of ending the process at once."""
         self.in_loop = True
 
     def _handler(self, signum, frame) -> None:
-        if not self.signum:
-            self.signum = signum
+        self._note(signum)
+        if not self.in_loop:
+            raise Preempted(signum)
+
+    def _note(self, signum: int) -> None:
+        """The first stop signal: remember it and start the grace clock (once, from the handler or the watcher)."""
+        with self._lock:
+            if self.signum:
+                return
+            self.signum = int(signum)
             self._timer = threading.Timer(self.grace_s, self._expired)
             self._timer.daemon = True
             self._timer.start()
-        if not self.in_loop:
-            raise Preempted(signum)
 
     def agreed(self, group, device) -> int:
         """The stop signal any rank received (0: none), the same on every rank: one all-reduce (MAX) of an int32
