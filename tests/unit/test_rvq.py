@@ -199,3 +199,14 @@ def test_drifting_codes_keep_the_codebook_in_use():
     # with today's hashed one alike
     assert _codes_in_use_after_drift() >= 62
     assert _codes_in_use_after_drift(dead_threshold=0.01) == 1  # the earlier default: collapse to one code
+
+
+def test_a_compiled_forward_has_no_graph_break():
+    """No torch.Generator and no data-dependent shape inside forward (the k-means start, the EMA window, dead-code
+    replacement): dynamo traces every training forward whole (1586a30: 10-20 breaks a forward)."""
+    import torch._dynamo as dynamo
+
+    rvq = ResidualVQ(dim=8, levels=3, codebook_size=16, seed=1, update_every=2).train()
+    x = torch.randn(4, 32, 8, generator=torch.Generator().manual_seed(0))
+    breaks = [dynamo.explain(rvq)(x).graph_break_count for _ in range(4)]  # init, collect, update, collect
+    assert breaks == [0, 0, 0, 0] and rvq.version >= 2
