@@ -309,7 +309,7 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     b.add_argument("--check", action="store_true",
                    help="readme: compare those pages with what the results give, write nothing; exit 1 if they differ")
     b.add_argument("--steps", type=int, default=None,
-                   help="training steps per row of the full benchmark (default: sdp/mapl 100, quality 2000)")
+                   help="training steps per row of the full benchmark (default: sdp/mapl 100, quality 2000, modes 10)")
     b.add_argument("--rows", default="", help="comma-separated groups, rows (name or group/name) or runs "
                    "(group/name/sSEED); default: every row, except for quality: its core set (lr-sweep, tuned, "
                    "sdp-lr-sweep, sdp-tuned), the other groups (one-rate, length, width, unseen-config, ...: "

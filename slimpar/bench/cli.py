@@ -85,7 +85,7 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
             raise ConfigError("slimpar bench modes times every mode on the CPU; drop --device")
         from slimpar.bench.modes import bench_modes
 
-        data = bench_modes(out, args.quick, args.steps or 30, _names(args.rows), rounds=_rounds(args))
+        data = bench_modes(out, args.quick, args.steps or 10, _names(args.rows), rounds=_rounds(args))
     elif args.which == "sdp":
         from slimpar.bench.sdp import bench_sdp
 
