@@ -28,6 +28,7 @@ from slimpar.bench.timing import ratio_cell, step_time_ratios, timing_note, timi
 
 CONFIG = "configs/llama_small.toml"
 SDP = ["--parallel.mode", "sdp", "--parallel.workers", "4"]
+VIRTUAL = ["--parallel.mode", "sdp", "--parallel.workers", "1", "--sdp.virtual", "true", "--sdp.virtual_workers", "4"]
 PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "4",
         "--model.tie_embeddings", "false"]
 MODES = {
@@ -36,9 +37,8 @@ MODES = {
     "B-SDP 0.5": [*SDP, "--sdp.keep", "0.5"],
     "Bb-SDP 0.5": [*SDP, "--sdp.keep", "0.5", "--sdp.regime", "backward"],
     "N-SDP 0.5": [*SDP, "--sdp.keep", "0.5", "--sdp.level", "neuron"],
-    "virtual B-SDP 0.5": ["--parallel.mode", "sdp", "--sdp.virtual", "true", "--sdp.keep", "0.5"],
-    "batched Bb-SDP 0.5": ["--parallel.mode", "sdp", "--sdp.virtual", "true", "--sdp.virtual_batched", "true",
-                           "--sdp.keep", "0.5", "--sdp.regime", "backward"],
+    "virtual B-SDP 0.5": [*VIRTUAL, "--sdp.keep", "0.5"],
+    "batched Bb-SDP 0.5": [*VIRTUAL, "--sdp.virtual_batched", "true", "--sdp.keep", "0.5", "--sdp.regime", "backward"],
     "pipeline (none)": [*PIPE, "--pipeline.codec", "none"],
     "MAPL 4x": [*PIPE, "--pipeline.codec", "mapl", "--pipeline.compression", "4"],
     "MAPL 16x + RVQ": [*PIPE, "--pipeline.codec", "mapl", "--pipeline.compression", "16",

@@ -43,3 +43,13 @@ def test_ratios_are_per_mode_against_its_own_eager_run():
     text = report_markdown(table, meta)
     assert "| DDP | 2.000 | 1.000 | 0.62 [0.50–0.75]" in text
     assert "| 4.5000 | 4.5200 | +0.0200 | 3.00" in text
+
+
+def test_every_row_is_a_valid_run_config():
+    """Each row's overrides pass the CLI's own validation (a virtual row needs one process; caught by a full run)."""
+    from slimpar.bench.modes import CONFIG
+    from slimpar.bench.runner import CONFIGS
+    from slimpar.train.validate.checks import load_run_config
+
+    for row in rows(False, 10):
+        load_run_config(CONFIGS / CONFIG.split("/")[-1], row.overrides)
