@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from slimpar.bench.plots import modes_plot
 from slimpar.bench.report import commits_note, fmt, markdown_table, metadata, run_commits, write_json
 from slimpar.bench.runner import Row, run_rows, select_rows
 from slimpar.bench.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
@@ -130,7 +131,7 @@ def _diff(a, b) -> str:
 
 def bench_modes(out: Path, quick: bool, steps: int = 10, only: set[str] | None = None, rounds: int = 2) -> dict:
     """Every mode's three rows, then ``rounds`` interleaved timing rounds of its eager and compiled rows;
-    results.json, report.md."""
+    results.json, report.md, modes.png."""
     todo = select_rows(rows(quick, steps), only)
     out.mkdir(parents=True, exist_ok=True)
     results = run_rows(todo, out)
@@ -143,4 +144,5 @@ def bench_modes(out: Path, quick: bool, steps: int = 10, only: set[str] | None =
     data = {"meta": meta, "lines": table, "runs": results, "timing_runs": timings}
     write_json(out / "results.json", data)
     (out / "report.md").write_text(report_markdown(table, meta))
+    modes_plot(table, out / "modes.png")
     return data

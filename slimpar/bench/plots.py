@@ -86,3 +86,27 @@ def pareto_plot(lines: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def modes_plot(table: list[dict], path: Path) -> None:
+    """Per mode: compiled / eager step time (median, whiskers to the rounds' range) and bf16 / fp32 peak memory."""
+    plt = _plt()
+    names = [ln["mode"] for ln in table]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.35 * len(names) + 1.5), sharey=True)
+    ys = range(len(names))
+    ratio = [(ln["compiled_vs_eager"] or {}) for ln in table]
+    med = [r.get("ratio_median") or 0 for r in ratio]
+    lo = [m - (r.get("ratio_min") or m) for m, r in zip(med, ratio, strict=True)]
+    hi = [(r.get("ratio_max") or m) - m for m, r in zip(med, ratio, strict=True)]
+    left.barh(ys, med, xerr=[lo, hi], color="tab:blue")
+    left.axvline(1.0, color="black", lw=0.8)
+    left.set_xlabel("compiled / eager step time (inductor, CPU)")
+    mem = [(ln["bf16_peak_mem_bytes"] or 0) / (ln["eager_peak_mem_bytes"] or 1) for ln in table]
+    right.barh(ys, mem, color="tab:orange")
+    right.axvline(1.0, color="black", lw=0.8)
+    right.set_xlabel("bf16 / fp32 peak memory per worker")
+    left.set_yticks(list(ys), names, fontsize=8)
+    left.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
