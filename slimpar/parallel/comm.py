@@ -25,10 +25,10 @@ from fractions import Fraction
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
-from slimpar.parallel.syncs import SyncCount
+from slimpar.parallel.syncs import CountingMode
 
 # op name -> index of the argument whose bytes this rank contributes
 _COLLECTIVE_INPUT = {
@@ -143,7 +143,7 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
-class StepInstrument(TorchDispatchMode):
+class StepInstrument(CountingMode):
     """Peak of newly allocated live storage and bytes entering collectives during a ``with`` block."""
 
     def __init__(self) -> None:
@@ -155,19 +155,6 @@ class StepInstrument(TorchDispatchMode):
         self.calls: dict[str, int] = defaultdict(int)
         self.sent: dict[str, Fraction] = defaultdict(Fraction)  # "op@group" -> modelled bytes sent
         self.recv: dict[str, Fraction] = defaultdict(Fraction)  # "op@group" -> modelled bytes received
-        self.count = SyncCount()
-        self._methods = None
-
-    def __enter__(self):
-        self._methods = self.count.methods()
-        self._methods.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            self._methods.__exit__(*exc)
 
     def _free(self, key: int, n: int) -> None:
         self.live -= n

@@ -115,8 +115,8 @@ class SyncCount:
                 setattr(torch.Tensor, name, fn)
 
 
-class SyncCounter(TorchDispatchMode):
-    """``with SyncCounter() as c: ...``, then ``c.count.total`` host syncs and ``c.count.ops`` aten ops."""
+class CountingMode(TorchDispatchMode):
+    """A dispatch mode with a :class:`SyncCount` whose tensor-method patches live exactly as long as the mode."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -133,6 +133,10 @@ class SyncCounter(TorchDispatchMode):
             return super().__exit__(*exc)
         finally:
             self._methods.__exit__(*exc)
+
+
+class SyncCounter(CountingMode):
+    """``with SyncCounter() as c: ...``, then ``c.count.total`` host syncs and ``c.count.ops`` aten ops."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs))):
