@@ -26,7 +26,6 @@ from slimpar.train.launch import failure, parent, preempt
 from slimpar.train.launch.context import RunContext, init_context
 from slimpar.train.launch.elastic import restart_count
 from slimpar.train.launch.run_lock import hold_worker_lock
-from slimpar.train.trainer import Trainer
 
 
 def worker_main(cfg_dict: dict, out_dir: str) -> None:
@@ -94,6 +93,10 @@ def _run(cfg: Config, out_dir: str, stop: preempt.StopRequest) -> None:
             raise SystemExit(recorded[2])
     init_attempt_group(cfg)
     ctx = init_context(cfg, Path(out_dir))
+    # imported here: the launcher imports this module but trains only in-process runs, and the trainer's imports
+    # (DCP, DTensor, the models) cost each launcher about a second of CPU before it starts its workers
+    from slimpar.train.trainer import Trainer
+
     try:
         Trainer(cfg, ctx, stop).run()
         if dist.is_initialized() and dist.get_world_size() > 1:
