@@ -95,6 +95,7 @@ def test_keep_half_with_mapl(runs, run: str) -> None:
     assert held[0] < held[1]
 
 
+@pytest.mark.slow  # a 4-process resume (~30 s under the suite's load); the pipeline's and SDP's resumes run by default
 def test_hybrid_resumes_exactly(runs, tmp_path) -> None:
     split = tmp_path / "split"
     stop_and_resume(split, [*COMMON, *RUNS["mapl"]], [*COMMON, *RUNS["mapl"]], timeout=300)

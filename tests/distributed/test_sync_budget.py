@@ -23,7 +23,10 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+SLOW = {"Bb-SDP", "MAPL 4x, tied, anchors"}  # the same budgets as B-SDP's and RVQ's, by default in -m slow
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in RUNS])
 def test_host_syncs_per_step_within_budget(tmp_path, name):
     overrides, budget = RUNS[name]
     run_train(tmp_path / "run", *STEPS, *overrides)
