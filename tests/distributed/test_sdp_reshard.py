@@ -188,6 +188,7 @@ def test_one_copy_under_full_names_equals_gathered_model(four):
     print(f"checkpoint bytes: {sum(f.stat().st_size for f in ckpt.iterdir())}")
 
 
+@pytest.mark.slow  # the suite's time; resharding runs by default in test_first_resumed_step_equals_ddp
 def test_resume_with_2_workers_at_another_keep(four, tmp_path):
     out = _copy(four["run"], tmp_path / "two")
     run_train(out, *COMMON, "--parallel.mode", "sdp", "--parallel.workers", "2", "--sdp.keep", "0.75",
@@ -206,6 +207,7 @@ def test_first_resumed_step_equals_ddp(four, tmp_path):
     assert losses(sdp)[2] == pytest.approx(losses(ddp)[2], rel=1e-6, abs=0)
 
 
+@pytest.mark.slow  # the suite's time; resharding runs by default in test_first_resumed_step_equals_ddp
 def test_sdp_to_single_process(four, tmp_path):
     out = _copy(four["run"], tmp_path / "single")
     run_train(out, *COMMON, "--parallel.mode", "single", "--checkpoint.export", "false")

@@ -16,6 +16,18 @@ from tests.helpers import ROOT
 AGAIN = "slimpar train --out run"
 
 
+def test_the_grace_timer_imports_nothing_heavy(tmp_path):
+    """What the grace timer runs (the record, the newest checkpoint's step) imports no torch: under load an import
+    of torch and DCP in the timer's thread took over 10 s, and the grace ran that much past its end (a suite run)."""
+    (tmp_path / "checkpoints" / "step_000004").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_000004" / "trainer.json").write_text("{}")
+    (tmp_path / "checkpoints" / "step_000008").mkdir()  # no trainer.json: an interrupted save
+    script = (f"import sys; from slimpar.train.launch.preempt import newest_step; "
+              f"print(newest_step({str(tmp_path)!r}), 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.stdout.split() == ["4", "False"], proc.stderr
+
+
 def test_a_stop_request_raises_before_the_loop_flags_in_it_and_ends_at_its_grace(tmp_path):
     """In a child process (the grace timer ends its process): before ``arm`` SIGTERM raises Preempted; after it the
     handler only notes the signal, which a one-process ``agreed`` returns; past the grace the process exits 143

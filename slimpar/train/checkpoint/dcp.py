@@ -21,7 +21,6 @@ Pipelines write the full model's names too, and their codec state by cut (:mod:`
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from slimpar.train.checkpoint.folders import STEP_DIR, checkpoint_dir, latest_checkpoint
 from slimpar.train.checkpoint.layout import LAYOUT, check_layout, checkpoint_layout
 from slimpar.train.checkpoint.manifest import ManifestError, verify_manifest, write_manifest
 from slimpar.train.checkpoint.safe_dcp import dcp_load, read_dcp_metadata
@@ -36,19 +36,6 @@ from slimpar.utils import write_text_atomic
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)  # keys by parameter name: see above
 
-_STEP_DIR = re.compile(r"^step_(\d{6})$")
-
-
-def checkpoint_dir(out_dir: Path) -> Path:
-    return Path(out_dir) / "checkpoints"
-
-
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    root = checkpoint_dir(out_dir)
-    if not root.is_dir():
-        return None
-    done = [d for d in root.iterdir() if _STEP_DIR.match(d.name) and (d / "trainer.json").is_file()]
-    return max(done, key=lambda d: d.name) if done else None
 
 
 def save_checkpoint(out_dir: Path, step: int, model, optimizer, rank: int, group=None, keep_last: int = 0,
@@ -93,7 +80,7 @@ def prune_checkpoints(out_dir: Path, keep_last: int) -> list[Path]:
     never resumed from, not a complete-looking one with shards missing.
     """
     root = checkpoint_dir(out_dir)
-    steps = sorted((d for d in root.iterdir() if _STEP_DIR.match(d.name)), key=lambda d: d.name)
+    steps = sorted((d for d in root.iterdir() if STEP_DIR.match(d.name)), key=lambda d: d.name)
     complete = [d for d in steps if (d / "trainer.json").is_file()]
     doomed = [d for d in steps if d not in complete]  # interrupted saves (a crash, a full disk): never resumed
     if keep_last >= 1 and len(complete) > keep_last:
@@ -136,7 +123,7 @@ def verify_checkpoint(path: Path) -> int:
     matching rewritten manifest is refused too; UnsafeCheckpointError, also exit 2).
     """
     path = Path(path)
-    match = _STEP_DIR.match(path.name)
+    match = STEP_DIR.match(path.name)
     if match is None:
         raise ManifestError(f"{path} is not a checkpoint folder (step_NNNNNN)")
     verify_manifest(path, complete=True)

@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from slimpar.train.checkpoint.folders import latest_checkpoint
 from slimpar.train.launch import parent
 from slimpar.utils import write_text_atomic
 
@@ -187,8 +188,6 @@ def clear_record(out_dir: Path) -> None:
 
 def newest_step(out_dir: Path) -> int | None:
     """The step of the newest complete checkpoint in ``out_dir`` (None: none)."""
-    from slimpar.train.checkpoint.dcp import latest_checkpoint
-
     path = latest_checkpoint(Path(out_dir))
     return int(path.name.split("_")[-1]) if path is not None else None
 
