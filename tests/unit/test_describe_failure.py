@@ -1,6 +1,7 @@
 """The launcher's closing line names the worker that failed first, the root cause, from torch's own failure
 records (ChildFailedError of ProcessFailure)."""
 
+import os
 import signal
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
@@ -79,12 +80,16 @@ def test_an_out_of_memory_kill_is_not_restarted(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(oom, "oom_kill_count", lambda: len(calls))  # one more OOM kill after each start
     monkeypatch.setattr(oom, "_kernel_log", lambda: "")
     cfg = load_config(TINY, ["--parallel.mode", "ddp", "--parallel.workers", "2", "--parallel.max_restarts", "2"])
+    environ = dict(os.environ)  # _elastic sets its workers' variables (MALLOC_MMAP_THRESHOLD_, the launcher's pid)
     try:
         launcher._elastic(cfg, tmp_path)
     except ChildFailedError as e:
         assert describe_failure(e) == "rank 1 was killed by the kernel's out-of-memory killer (SIGKILL)"
     else:
         raise AssertionError("the failure was swallowed")
+    finally:  # in this test process, where they would reach every later test's subprocesses
+        os.environ.clear()
+        os.environ.update(environ)
     assert len(calls) == 1  # no restart: the same settings would run out of memory again
     err = capsys.readouterr().err
     assert err.startswith("slimpar: error: rank 1 was killed by the kernel's out-of-memory killer") and \
