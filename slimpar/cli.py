@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from slimpar import __version__
+from slimpar import __version__, torch_range
 from slimpar.cli_help import config_help
 from slimpar.config import DEFAULT_CONFIG, Config, ConfigError
 from slimpar.train.launch.failure import debugging, internal_error
@@ -234,7 +234,7 @@ def _help_config(argv: list[str]) -> tuple[Config | None, str]:
 def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argparse.ArgumentParser:
     # the module docstring's first line without its reST markup: help prints it as plain text
     p = argparse.ArgumentParser(prog="slimpar", description=__doc__.splitlines()[0].replace("``", ""))
-    p.add_argument("--version", action="version", version=f"slimpar {__version__}")
+    p.add_argument("--version", action="version", version=f"slimpar {__version__}; {torch_range.describe()}")
     p.add_argument("--debug", action="store_true",
                    help="show Python tracebacks of internal errors (anywhere on the line; or SLIMPAR_DEBUG=1)")
     sub = p.add_subparsers(dest="command")
@@ -360,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, _on_ctrl_c)
             for sig in STOP_SIGNALS:  # until a run's own handler takes over (train/launch/preempt.py)
                 signal.signal(sig, _on_stop_signal)
+        if "--version" not in argv:  # --version reports an unsupported torch instead of refusing it
+            torch_range.check_torch()
         parser = build_parser(*_help_config(argv))
         args, rest = parser.parse_known_args(argv)
         args.argv = argv
@@ -368,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         _preflight(args)
         return args.func(args, rest)
-    except ConfigError as e:
+    except (ConfigError, torch_range.UnsupportedTorch) as e:
         print(f"slimpar: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before a run folder exists (a run's own Ctrl-C: _launch_and_report)

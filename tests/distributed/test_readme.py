@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
+
+pytestmark = pytest.mark.floor  # the README's snippets run on the floor torch too (.ci/floor)
 
 README = (ROOT / "README.md").read_text()
 

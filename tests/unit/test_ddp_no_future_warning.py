@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from slimpar.models.llama import Llama, LlamaConfig
+from slimpar.parallel.compat import ddp_syncs_buffers_each_forward
 from slimpar.train.strategies.base import DDPStrategy
 
 
@@ -27,5 +28,5 @@ def test_ddp_strategy_warns_nothing(one_process_group, model, syncs_each_forward
         warnings.simplefilter("always")
         strategy = DDPStrategy(model(), one_process_group)
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
-    assert strategy.module.forward_sync_buffers is syncs_each_forward
+    assert ddp_syncs_buffers_each_forward(strategy.module) is syncs_each_forward
     assert isinstance(strategy.module, torch.nn.parallel.DistributedDataParallel)

@@ -123,6 +123,7 @@ def _elastic(cfg: Config, out_dir: Path) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.parallel.workers)))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's sockets on the loopback
     os.environ[parent.LAUNCHER_PID] = str(os.getpid())  # the workers die with this process (parent.py)
+    cfg = _grace_within_agent_wait(cfg)
     restarts = cfg.parallel.max_restarts
     with _quiet_agent():
         for attempt in range(restarts + 1):
@@ -150,18 +151,40 @@ def _elastic(cfg: Config, out_dir: Path) -> None:
                 cfg = from_dict({**tree, "checkpoint": {**tree["checkpoint"], "resume": True}})
 
 
+def _grace_within_agent_wait(cfg: Config) -> Config:
+    """``cfg`` whose ``checkpoint.on_signal_s`` ends before torch's elastic agent stops waiting for the workers.
+
+    A torch without ``LaunchConfig.shutdown_timeout`` (before 2.12: parallel/compat.py) waits a fixed 30 s and
+    then SIGKILLs the workers; their grace is shortened to end ``SHUTDOWN_MARGIN_S`` before that, so a stop
+    still ends with each worker's own closing line (saved, or out of time), and the launcher says so once."""
+    from slimpar.parallel.compat import agent_shutdown_s
+
+    wanted = math.ceil(cfg.checkpoint.on_signal_s) + SHUTDOWN_MARGIN_S
+    wait = agent_shutdown_s(wanted)
+    if wait >= wanted:
+        return cfg
+    grace = max(wait - SHUTDOWN_MARGIN_S, 1)
+    print(f"slimpar: note: this torch's elastic agent waits {wait} s for stopped workers (torch 2.12 made that "
+          f"settable), so a stop signal leaves them {grace} s to save, not checkpoint.on_signal_s "
+          f"{cfg.checkpoint.on_signal_s:g} s", file=sys.stderr, flush=True)
+    tree = to_dict(cfg)
+    return from_dict({**tree, "checkpoint": {**tree["checkpoint"], "on_signal_s": float(grace)}})
+
+
 def _agent_run(cfg: Config, out_dir: Path) -> None:
     """One start of every worker under torch's elastic agent (a c10d rendezvous on this host)."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.parallel.workers,
+    from slimpar.parallel.compat import launch_config
+
+    wait = math.ceil(cfg.checkpoint.on_signal_s) + SHUTDOWN_MARGIN_S
+    lc = launch_config(wait, min_nodes=1, max_nodes=1, nproc_per_node=cfg.parallel.workers,
                       run_id=f"slimpar-{uuid.uuid4().hex[:8]}", rdzv_backend=local_rdzv.register(),
                       rdzv_endpoint=f"{local_rdzv.LOOPBACK}:0", local_addr=local_rdzv.LOOPBACK, max_restarts=0,
                       monitor_interval=0.1,  # every socket of the job on the loopback (local_rdzv.py)
                       # the agent forwards a stop signal to the workers and waits for their save (preempt.py):
                       # longer than their own grace timer, after which it would SIGKILL them
-                      signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
-                      shutdown_timeout=math.ceil(cfg.checkpoint.on_signal_s) + SHUTDOWN_MARGIN_S)
+                      signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
     # each worker runs ``python -m slimpar.train.launch.worker_entry`` (why: worker_entry.py) with this slimpar
     entry = "slimpar.train.launch.worker_entry"
     elastic_launch(lc, sys.executable)("-m", entry, json.dumps(to_dict(cfg)), str(out_dir))

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slimpar.parallel.compat import ddp_buffer_sync
 from slimpar.parallel.device import group_device
 from slimpar.parallel.precision import fsdp_kwargs
 from slimpar.train.build import build_optimizer, loss_fn
@@ -162,10 +163,10 @@ class DDPStrategy(Strategy):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         # Buffers are broadcast from rank 0 each forward only where they carry state (BatchNorm
-        # statistics); LLaMA's rotary tables are constants and would only add traffic. torch's name for
-        # this is forward_sync_buffers (broadcast_buffers warns); buffers are still synced once at init.
+        # statistics); LLaMA's rotary tables are constants and would only add traffic. Buffers are still
+        # synced once at init. The keyword's name depends on the torch (parallel/compat.py).
         has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
-        self.module = DDP(model, process_group=group, gradient_as_bucket_view=True, forward_sync_buffers=has_bn)
+        self.module = DDP(model, process_group=group, gradient_as_bucket_view=True, **ddp_buffer_sync(has_bn))
 
     def no_sync(self):
         return self.module.no_sync()
