@@ -35,9 +35,9 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     if args.check:
         raise ConfigError("--check applies to slimpar bench readme")
     if args.which == "gpu":  # the device check: its rows have their own steps and time limits
-        from slimpar.bench.gpu_check import bench_gpu
+        from slimpar.bench.gpu_check import bench_gpu, default_folder
 
-        out = Path(args.out or "docs/results/gpu")
+        out = Path(args.out) if args.out else default_folder()
         data = bench_gpu(out, args.device, _names(args.rows))
         print((out / "report.md").read_text())
         return 0 if all(r["status"] in ("ok", "not run") for r in data["rows"]) else 1

@@ -1,9 +1,10 @@
-"""The device check (``slimpar bench gpu``): its rows fit its 4-minute budget by their own limits, every row's
-command is a valid run, a failing or overlong row is recorded and the next one runs, and results.json is written
-after every row."""
+"""The device check (``slimpar bench gpu``): its rows fit its 8-minute budget by their own limits, every row's
+command is a valid run, a failing or overlong row is recorded with the numbers it had and the next one runs, and
+results.json (with the torch, CUDA and NCCL versions) is written after every row."""
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,10 +13,10 @@ from slimpar.bench.gpu_check import BUDGET_S, ROWS, GpuRow, bench_gpu, check_bud
 
 
 def test_the_rows_fit_the_budget_and_cover_what_the_cpu_cannot():
-    assert check_budget(ROWS) <= BUDGET_S == 240
+    assert check_budget(ROWS) <= BUDGET_S == 480
     names = " ".join(r.name for r in ROWS)
-    for needed in ("NCCL", "DCP", "virtual B-SDP", "batched", "cuda:gloo", "MAPL + RVQ", "SSN", "compile", "134M",
-                   "TF32"):
+    for needed in ("NCCL", "DCP", "launcher DDP", "virtual B-SDP", "batched", "cuda:gloo", "MAPL + RVQ", "SSN",
+                   "none", "compile", "134M", "TF32"):
         assert needed in names, needed
     with pytest.raises(ValueError, match="budget"):
         check_budget(ROWS + [GpuRow("long", "", ["true"], BUDGET_S)])
@@ -28,8 +29,7 @@ def test_every_training_row_is_a_valid_run(tmp_path):
         for argv in [row.argv] + ([row.then] if row.then else []):
             if "train" not in argv:
                 continue
-            fill = {"{out}": str(tmp_path), "{corpus}": __file__, "{device}": "cpu"}
-            args = [fill.get(a, a) for a in argv[argv.index("train") + 1:]]
+            args = gpu_check._argv(argv[argv.index("train") + 1:], tmp_path, Path(__file__), "cpu")
             config = args[args.index("--config") + 1]
             rest = args[:args.index("--config")] + args[args.index("--config") + 2:]
             rest = [a for i, a in enumerate(rest) if a != "--out" and (i == 0 or rest[i - 1] != "--out")]
@@ -47,7 +47,7 @@ def test_a_failing_and_an_overlong_row_are_recorded_and_the_check_goes_on(tmp_pa
 
     def spy(row, out, text, device):
         if seen:  # results.json already holds every row before this one
-            assert [r["row"] for r in json.loads((out / "results.json").read_text())["rows"]] == seen
+            assert [r["row"] for r in json.loads((out.parent / "results.json").read_text())["rows"]] == seen
         seen.append(row.name)
         return real(row, out, text, device)
 
@@ -59,3 +59,22 @@ def test_a_failing_and_an_overlong_row_are_recorded_and_the_check_goes_on(tmp_pa
     assert fails["rc"] == 3 and "boom" in fails["tail"]
     assert data["rows"][1]["seconds"] < 10  # killed at its limit, not waited for
     assert "| hangs | timeout |" in (tmp_path / "report.md").read_text()
+
+
+def test_a_row_cut_short_keeps_what_it_printed_and_wrote(tmp_path, monkeypatch):
+    """The SPEL row printed its numbers before its limit on a fresh machine: a timeout keeps them, and a training
+    row cut short keeps its last metrics record. The whole process group goes at the limit."""
+    script = ("import json, pathlib, sys, time, subprocess; f = pathlib.Path(sys.argv[1]); f.mkdir(parents=True); "
+              "(f / 'metrics.jsonl').write_text(json.dumps({'step': 4, 'train_loss': 5.5}) + '\\n'); "
+              "print(json.dumps({'orth': 1.2e-6}), flush=True); "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    rows = [GpuRow("slow", "prints, then sleeps past its limit", [sys.executable, "-c", script, "{out}"], 3)]
+    monkeypatch.setattr(gpu_check, "ROWS", rows)
+    data = bench_gpu(tmp_path, device="cpu")
+    row = data["rows"][0]
+    assert row["status"] == "timeout" and row["seconds"] < 10
+    assert row["printed"] == [{"orth": 1.2e-6}] and row["partial"] == {"step": 4, "train_loss": 5.5}
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["versions"]["torch"] and "nccl" in saved["versions"] and "cuda" in saved["versions"]
+    assert "torch " in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "runs" / ".gitignore").read_text() == "*\n"  # scratch run folders stay out of git
