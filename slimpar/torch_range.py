@@ -7,8 +7,10 @@ equal); the APIs newer than the floor are reached through ``slimpar.parallel.com
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from importlib import metadata
+from pathlib import Path
 
 FLOOR = (2, 11)  # tested in CI on this version (.ci/run's floor leg)
 CEILING = (2, 16)  # exclusive: the newest release the registry served when the range was set is 2.15
@@ -20,11 +22,23 @@ class UnsupportedTorch(RuntimeError):
 
 
 def installed_torch() -> str | None:
-    """The installed torch's version string ("2.11.0+cu130"), or None where torch is not installed."""
+    """The installed torch's version string ("2.11.0+cu130"), or None where torch is not installed.
+
+    From the distribution's metadata; a torch without any (built from source, copied into an image) is read from
+    its ``version.py``, still without importing torch."""
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
         return None
+    for folder in spec.submodule_search_locations:
+        text = (Path(folder) / "version.py").read_text() if (Path(folder) / "version.py").exists() else ""
+        m = re.search(r"^__version__\s*(?::\s*str)?\s*=\s*['\"]([^'\"]+)['\"]", text, flags=re.M)
+        if m:
+            return m.group(1)
+    return None
 
 
 def release(version: str) -> tuple[int, int]:

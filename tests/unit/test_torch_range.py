@@ -76,3 +76,14 @@ def test_a_torch_without_shutdown_timeout_gets_a_launch_config_and_a_grace_insid
     assert "waits 30 s for stopped workers" in capsys.readouterr().err
     monkeypatch.setattr(compat, "_launch_config_fields", lambda: fields | {"shutdown_timeout"})  # torch >= 2.12
     assert launcher._grace_within_agent_wait(load_config(TINY)).checkpoint.on_signal_s == 30.0
+
+
+def test_a_torch_without_distribution_metadata_is_read_from_its_version_file(monkeypatch):
+    """A torch built from source or copied into an image may have no metadata; its version.py still tells."""
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(torch_range.metadata, "version", missing)
+    assert torch_range.installed_torch() == torch.__version__
