@@ -33,15 +33,30 @@ class RunContext:
         return self.rank == 0
 
 
+def worker_device(cfg: Config) -> torch.device:
+    """This process's device, made current: the CPU, or the GPU of :func:`~slimpar.parallel.placement.gpu_index`
+    (its local rank's own; with gloo, local ranks share the GPUs in turn). Every path that starts a worker's
+    process group takes its device here (the launcher's attempt group too: it once took the local rank alone,
+    and rank 1 of two on one GPU over gloo failed with "invalid device ordinal")."""
+    if cfg.parallel.device != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", gpu_index(local_rank(), torch.cuda.device_count(), cfg.parallel.backend))
+    torch.cuda.set_device(device)
+    return device
+
+
+def nccl_device_id(backend: str, device: torch.device) -> torch.device | None:
+    """``init_process_group``'s ``device_id``: the GPU an NCCL group binds to (eager start, ncclCommSplit for
+    sub-groups); None for gloo, whose ranks may share one GPU."""
+    return device if backend == "nccl" and device.type == "cuda" else None
+
+
 def init_context(cfg: Config, out_dir: Path) -> RunContext:
     """Create the process group when the environment (torchrun or slimpar's launcher) defines one."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    device = torch.device("cpu")
-    if cfg.parallel.device == "cuda":  # this machine's GPU number local_rank: LOCAL_RANK, or SLURM_LOCALID under srun
-        device = torch.device("cuda", gpu_index(local_rank(), torch.cuda.device_count(), cfg.parallel.backend))
-        torch.cuda.set_device(device)
-    else:
+    device = worker_device(cfg)  # this machine's GPU: LOCAL_RANK, or SLURM_LOCALID under srun
+    if device.type == "cpu":
         _share_cores(world)
     group = None
     timeout = timedelta(seconds=cfg.parallel.timeout_s)
@@ -50,8 +65,7 @@ def init_context(cfg: Config, out_dir: Path) -> RunContext:
             backend = cfg.parallel.backend
             if backend == "auto":
                 backend = "nccl" if device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
-                                    timeout=timeout)
+            dist.init_process_group(backend, device_id=nccl_device_id(backend, device), timeout=timeout)
         if dist.is_initialized():
             group = dist.group.WORLD
     return RunContext(rank=rank, world=world, device=device, out_dir=out_dir, group=group, timeout=timeout)
