@@ -84,7 +84,7 @@ def predicted_peak(size: str, row, batch: int, seq: int, cuda: bool, workers: in
         overrides += ["--parallel.mode", "sdp", "--parallel.workers", str(workers), "--sdp.level", level,
                       "--sdp.keep", str(keep), "--sdp.regime", regime, "--train.batch_size", str(batch * workers)]
     cfg = load_run_config(Path(__file__).resolve().parents[1] / "configs" / "llama_tiny.toml", overrides,
-                          training=False)
+                          training=False, data=False)  # a GPU machine may have no corpus: none is read
     return int(predict_memory(cfg, [0], vocab)[0]["peak_live"])
 
 

@@ -49,7 +49,7 @@ def row_config(size: str, mode: str, per_worker: int = PER_WORKER_BATCH) -> Conf
 
     root = Path(__file__).resolve().parents[1]
     overrides = ["--model.size", size, *WORKLOAD, *MODES[mode], "--train.batch_size", str(WORKERS * per_worker)]
-    return load_run_config(root / "configs" / "llama_tiny.toml", overrides, training=False)
+    return load_run_config(root / "configs" / "llama_tiny.toml", overrides, training=False, data=False)  # predicted
 
 
 def representative_ranks(cfg: Config) -> list[int]:

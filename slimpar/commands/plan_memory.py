@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 
 from slimpar.config import DEFAULT_CONFIG, Config
-from slimpar.train.memory.predict_pipeline import VALUE_SIZES, describe_pipeline, stage_label
+from slimpar.train.memory.predict_pipeline import describe_pipeline, stage_label, value_sizes_text
 from slimpar.train.validate.checks import load_run_config
 from slimpar.utils import fmt_bytes
 
@@ -68,7 +68,8 @@ def memory_command(args: argparse.Namespace, rest: list[str]) -> int:
         from slimpar.models.hf_llama import read_hf_config
 
         rest = [*rest, "--model.max_seq_len", str(read_hf_config(init_from, weights=False).max_seq_len)]
-    cfg = load_run_config(args.config or str(DEFAULT_CONFIG), rest, training=False)  # no machine-size check
+    # no machine-size check, and no data: a prediction needs the vocabulary's size only (slimpar.data.vocab)
+    cfg = load_run_config(args.config or str(DEFAULT_CONFIG), rest, training=False, data=False)
     if init_from:
         cfg = replace(cfg, model=replace(cfg.model, init_from=init_from))
     t0 = time.perf_counter()
@@ -83,7 +84,7 @@ def memory_command(args: argparse.Namespace, rest: list[str]) -> int:
         holds = f"{stage_label(cfg, r['rank']):<20}" if pipeline else ""
         print(f"{r['rank']:>6}  {holds}" + "  ".join(f"{fmt_bytes(r[c]):>12}" for c in _COLUMNS))
     if pipeline:
-        print(f"value-dependent sizes: {VALUE_SIZES} (docs/memory.md)")
+        print(f"value-dependent sizes: {value_sizes_text(cfg)} (docs/memory.md)")
     print("peak_live: parameters, gradients, optimizer state and buffers held at the step's start, plus the "
           f"largest sum of what the step allocates and holds at once ({time.perf_counter() - t0:.1f} s)")
     return 0

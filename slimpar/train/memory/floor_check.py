@@ -10,6 +10,7 @@ Its predicted peak over its floor scales the floor of every rank here; a sum ove
 from __future__ import annotations
 
 from slimpar.config import Config, ConfigError
+from slimpar.data.vocab import config_vocab_size
 from slimpar.utils import fmt_bytes
 
 PREDICT_ABOVE = 0.5  # predict when the floor takes at least half of the memory
@@ -30,7 +31,7 @@ def check_predicted_floor(cfg: Config) -> None:
     total = machine_bytes(cfg)
     if total is None or (cfg.parallel.mode == "sdp" and cfg.sdp.memory_budget):  # a budget is predicted anyway
         return
-    vocab = cfg.model.vocab_size or (cfg.data.vocab_size if cfg.data.tokenizer == "bpe" else None)
+    vocab = config_vocab_size(cfg) if cfg.data.kind == "text" else None  # from the config: no data is read
     need, local = need_bytes(cfg, vocab)
     if need < PREDICT_ABOVE * total:
         return

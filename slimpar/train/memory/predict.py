@@ -173,10 +173,12 @@ class _Pass:
 
 def predict_memory(cfg: Config, ranks: list[int] | None = None, vocab_size: int | None = None) -> list[dict]:
     """The ``mem`` record of each rank in ``ranks`` (default: all of ``cfg.parallel.workers``) at step
-    ``log.measure_step``, predicted under FakeTensorMode. ``vocab_size``: the tokenizer's (default
-    ``model.vocab_size``, else ``data.vocab_size``; a real run takes the trained tokenizer's)."""
+    ``log.measure_step``, predicted under FakeTensorMode. ``vocab_size``: the tokenizer's (default: the one the
+    config names, slimpar.data.vocab; a real run takes the trained tokenizer's), so no data or tokenizer is needed."""
+    from slimpar.data.vocab import config_vocab_size
+
     world = cfg.parallel.workers
-    vocab = vocab_size or cfg.model.vocab_size or cfg.data.vocab_size
+    vocab = vocab_size or config_vocab_size(cfg)
     return [{"rank": r, **predict_rank(cfg, r, world, vocab)} for r in (range(world) if ranks is None else ranks)]
 
 

@@ -5,7 +5,8 @@ Four kinds of sizes in a pipeline step depend on values; :class:`ValueSizes` ans
 
 1. ``torch.unique`` of the step's token ids (the rows of a tied embedding's or an anchor table's gradient
    part that cross a boundary): as many as the batch the run reads at that step holds. The run's own
-   data is read for this count only (:class:`CountedIds`); the step itself runs on batches of zeros;
+   data is read for this count only (:class:`CountedIds`), where it is installed; where not, every token of
+   a batch counts as distinct, up to the vocabulary (the most there can be); the step runs on zeros either way;
 2. ``nonzero`` of the id mask stage replicas OR together: the distinct ids of all replicas' batches;
    every other ``nonzero`` and boolean-mask index (RVQ's changed and dead codebook rows): every element
    true, the worst case;
@@ -36,6 +37,8 @@ from slimpar.parallel.comm import storage_key
 from slimpar.pipeline.spec import resolve_anchors
 
 VALUE_SIZES = "distinct token ids as in the run's own batches; RVQ codebook messages at their worst case (every row)"
+NO_DATA_SIZES = ("every token id of a batch distinct (the data is not installed: the worst case); RVQ codebook "
+                 "messages at their worst case (every row)")
 _UNIQUE = {"aten::_unique2", "aten::_unique", "aten::unique_dim", "aten::unique_consecutive"}
 
 
@@ -185,12 +188,15 @@ class CountedIds:
         self.cfg, self.fake, self.sizes = cfg, fake, sizes
         self.vocab_size = fake.vocab_size
         self._data = None
+        self.installed = data_installed(cfg)  # a prediction never needs the data: without it, the worst case
 
     def train_batch(self, step: int, rank: int, world: int, global_batch: int, seq_len: int):
         from torch.utils._python_dispatch import _disable_current_modes
 
         from slimpar.train.build import build_data
 
+        if not self.installed:  # ``sizes`` keeps its worst case
+            return self.fake.train_batch(step, rank, world, global_batch, seq_len)
         with _disable_current_modes():  # real tensors, out of the step's accounting
             if self._data is None:
                 self._data = build_data(self.cfg)
@@ -198,6 +204,23 @@ class CountedIds:
             self.sizes.distinct = int(torch.unique(ids[rank]).numel())
             self.sizes.union = int(torch.unique(torch.cat([t.reshape(-1) for t in ids])).numel())
         return self.fake.train_batch(step, rank, world, global_batch, seq_len)
+
+
+def data_installed(cfg) -> bool:
+    """Whether the run's corpus and tokenizer are there to be read (the start-up check's cheap look: no import)."""
+    from slimpar.config import ConfigError
+    from slimpar.data.sources import check_available
+
+    try:
+        check_available(cfg)
+    except ConfigError:
+        return False
+    return True
+
+
+def value_sizes_text(cfg) -> str:
+    """What the prediction of ``cfg``'s pipeline assumed of its value-dependent sizes, in one line."""
+    return VALUE_SIZES if data_installed(cfg) else NO_DATA_SIZES
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from typing import Any
 
 from slimpar.config import Config, ConfigError, load_config
 from slimpar.config import check_choice as _choice
+from slimpar.data.vocab import config_vocab_size
 from slimpar.parallel.compile import BACKENDS as COMPILE_BACKENDS
 from slimpar.train.sinks.trackers import check_trackers
 from slimpar.train.validate.limits import check_backend, check_memory_floor, check_writable
@@ -20,11 +21,12 @@ MODES = ("single", "ddp", "fsdp", "sdp", "pipeline")
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
-                    training: bool = True) -> Config:
+                    training: bool = True, data: bool = True) -> Config:
     """Load a run config (defaults < TOML < overrides) and check every rule: what the CLI calls.
-    ``training=False`` (``slimpar plan``) skips the rules only a training run needs (the batch split)."""
+    ``training=False`` (``slimpar plan``) skips the rules only a training run needs (the batch split);
+    ``data=False`` (a memory prediction) does not ask for the corpus and tokenizer to be installed."""
     cfg = load_config(path, overrides)
-    validate(cfg, training=training)
+    validate(cfg, training=training, data=data)
     return cfg
 
 
@@ -114,9 +116,10 @@ def check_numbers(cfg: Config) -> None:
             _check_number(where, v, rules.get(where))
 
 
-def validate(cfg: Config, *, training: bool = True) -> None:
+def validate(cfg: Config, *, training: bool = True, data: bool = True) -> None:
     """Raise ConfigError with a message that names the fix for the first problem found
-    (``training=False``: not the batch split over workers, which a plan does not depend on)."""
+    (``training=False``: not the batch split over workers, which a plan does not depend on; ``data=False``: not
+    whether the data is installed, which a memory prediction does not read: it needs only shapes and sizes)."""
     m, d, t, p = cfg.model, cfg.data, cfg.train, cfg.parallel
     _choice("model.arch", m.arch, ARCHS)
     _choice("parallel.mode", p.mode, MODES)
@@ -150,11 +153,10 @@ def validate(cfg: Config, *, training: bool = True) -> None:
     if d.cache_dir:
         check_writable(d.cache_dir, "data.cache_dir")
     _validate_model(cfg)
-    _validate_data(cfg)
+    _validate_data(cfg, installed=data)
     if training:
         _validate_batch(cfg)
-        known = cfg.data.vocab_size if d.kind == "text" and d.tokenizer == "bpe" and d.corpus == "shakespeare" else None
-        check_memory_floor(cfg, known)
+        check_memory_floor(cfg, config_vocab_size(cfg) if d.kind == "text" else None)  # the data is not read
     if p.mode == "sdp":
         from slimpar.train.validate.sdp import validate_sdp
 
@@ -202,7 +204,8 @@ def _validate_model(cfg: Config) -> None:
             raise ConfigError(f"model.n_kv_heads = {lc.n_kv_heads} must divide the {lc.n_heads} heads")
 
 
-def _validate_data(cfg: Config) -> None:
+def _validate_data(cfg: Config, installed: bool = True) -> None:
+    """The data settings' own rules and (``installed``) that what they name is there."""
     d = cfg.data
     if d.kind == "text":
         _check_corpus(d.corpus)
@@ -217,9 +220,10 @@ def _validate_data(cfg: Config) -> None:
         if d.image_set.startswith("cifar") and not d.image_dir:
             raise ConfigError(f"data.image_set = {d.image_set!r} needs --data.image_dir with CIFAR's "
                               "python-pickle batches (e.g. cifar-10-batches-py)")
-    from slimpar.data.sources import check_available
+    if installed:
+        from slimpar.data.sources import check_available
 
-    check_available(cfg)
+        check_available(cfg)
 
 
 def _check_corpus(corpus: str) -> None:
