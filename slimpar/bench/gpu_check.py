@@ -1,9 +1,9 @@
 """``slimpar bench gpu``: the prepared device check, a list of short rows that each checks on a real GPU what the
 CPU proxies cannot (NCCL, cuda:gloo, bf16, torch.compile with inductor/Triton, TF32, CUDA memory at paper size).
 
-Each row is a fresh process (``python -m slimpar ...``, or ``torchrun``) under its own time limit, sized at about
-twice what the row took on a fresh device machine (first imports and CUDA's start-up cost about 15 s a process
-there); the limits add up to at most :data:`BUDGET_S` (8 minutes). A row that fails or runs out of time is
+Each row is a fresh process (``python -m slimpar ...``, or ``torchrun``) under its own time limit, sized at 1.6-2
+times what the row took on a fresh H200 machine (docs/results/gpu: first imports and CUDA's start-up cost about
+15 s a process there), so that the limits add up to at most :data:`BUDGET_S` (8 minutes). A row that fails or runs out of time is
 recorded with its exit code, the end of its output and whatever numbers it had written (its metrics, a JSON
 line it printed), and the next row runs. ``results.json`` is rewritten after every row, so a check cut short
 still returns what it measured; it records the torch, CUDA and NCCL versions the rows ran on.
@@ -59,20 +59,20 @@ VIRTUAL_PIPELINE = ["--model.tie_embeddings", "false", "--parallel.mode", "pipel
                     "--pipeline.stages", "4", "--train.dtype", "bf16"]
 ROWS = [
     GpuRow("env and data", "the GPU, driver, torch, CUDA and NCCL versions; the corpus tokenized once for the rest",
-           [sys.executable, "-m", "slimpar.bench.gpu_check", "env", "{corpus}"], 30),
+           [sys.executable, "-m", "slimpar.bench.gpu_check", "env", "{corpus}"], 25),
     GpuRow("torchrun DDP, NCCL", "1 rank under torchrun: NCCL collectives of the trainer, guard and evaluation",
            _torchrun("--parallel.mode", "ddp", "--train.dtype", "bf16"), 35),
     GpuRow("torchrun SDP, NCCL, DCP resume", "SDP under torchrun on NCCL, stopped with a checkpoint and resumed",
            _torchrun(*SDP1, "--train.stop_after", "6"), 70, then=_torchrun(*SDP1)),
     GpuRow("launcher DDP, 2 ranks, cuda:gloo", "slimpar's own launcher (torch's elastic agent) and DDP on one GPU",
-           _train("--parallel.mode", "ddp", "--parallel.workers", "2", "--parallel.backend", "gloo"), 40),
+           _train("--parallel.mode", "ddp", "--parallel.workers", "2", "--parallel.backend", "gloo"), 50),
     GpuRow("virtual B-SDP, bf16", "4 simulated SDP workers on one GPU",
            _train("--parallel.mode", "sdp", "--sdp.virtual", "true", "--train.dtype", "bf16"), 30),
     GpuRow("batched Bb-SDP", "4 workers in one routed pass",
            _train("--parallel.mode", "sdp", "--sdp.virtual", "true", "--sdp.virtual_batched", "true",
                   "--sdp.regime", "backward"), 30),
     GpuRow("4 ranks on one GPU, cuda:gloo", "SDP holder collectives on CUDA tensors through gloo",
-           _train("--parallel.mode", "sdp", "--parallel.workers", "4", "--parallel.backend", "gloo"), 45),
+           _train("--parallel.mode", "sdp", "--parallel.workers", "4", "--parallel.backend", "gloo"), 55),
     GpuRow("virtual pipeline MAPL + RVQ, bf16", "4 stages, 8x and RVQ codebook sync on one GPU",
            _train(*VIRTUAL_PIPELINE, "--pipeline.codec", "mapl", "--pipeline.compression", "8",
                   "--pipeline.rvq.levels", "2"), 30),
@@ -80,7 +80,7 @@ ROWS = [
            _train(*VIRTUAL_PIPELINE, "--pipeline.codec", "ssn"), 45,
            then=_train(*VIRTUAL_PIPELINE, "--pipeline.codec", "none", "--out", "{out}/none")),
     GpuRow("torch.compile, inductor", "every block compiled with Triton kernels, virtual SDP",
-           _train("--parallel.mode", "sdp", "--sdp.virtual", "true", "--train.compile", "true"), 60, cuda_only=True),
+           _train("--parallel.mode", "sdp", "--sdp.virtual", "true", "--train.compile", "true"), 50, cuda_only=True),
     GpuRow("CUDA peak vs plan --memory, 134M", "max_memory_allocated of DDP and SDP workers at 134M; the "
            "prediction with no corpus installed",
            [sys.executable, "-m", "slimpar.bench.gpu", "--out", "{out}", "--size", "134m", "--batch", "8",
