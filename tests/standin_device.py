@@ -11,8 +11,10 @@ operator, so it stands in for the GPU:
    (FakeTensorMode answers it), so :class:`_DeviceRule` checks every c10d op's tensors itself;
 2. the code runs under ``FakeTensorMode`` (the machinery of ``slimpar plan --memory``,
    slimpar/train/memory/predict.py), whose device propagation refuses an operator that mixes a CPU tensor
-   with a device one, except a 0-dim CPU input, the rule CUDA applies ("FakeTensor is wrapped to wrong
-   device"); moves between devices (``.to``, ``.cpu()``) are allowed, as on a GPU;
+   with a device one ("FakeTensor is wrapped to wrong device"); moves between devices (``.to``, ``.cpu()``) are
+   allowed, as on a GPU. FakeTensorMode lets a 0-dim CPU tensor into any operator, but CUDA takes one only as an
+   operand of an elementwise (TensorIterator) operator: ``torch.stack`` of a CPU zero and CUDA scalars fails on a
+   GPU. :class:`_DeviceRule` refuses that mix outside pointwise operators (issue 46: the pipeline's clip);
 3. ``Module.to(meta)`` moves a model as ``Module.to("cuda")`` does: the same Parameter objects, their data on
    the device (a fake tensor's device is its ``fake_device``), so models are built on the CPU, as runs build
    them, and moved by the code under test;
@@ -40,11 +42,24 @@ from torch.utils._pytree import tree_leaves
 
 DEVICE = torch.device("meta")
 _SCALAR_OPS = {"aten::_local_scalar_dense", "aten::is_nonzero"}
+# copies between devices: allowed, as on a GPU (``.to``, ``.cpu()``, ``copy_`` of a host tensor into a device one)
+_MOVES = {"aten::_to_copy", "aten::copy_", "aten::copy", "aten::_copy_from", "aten::_copy_from_and_resize",
+          "aten::lift_fresh", "aten::lift_fresh_copy"}
+
+
+def _host_scalar_mix(func, tensors: list[torch.Tensor], device: torch.device) -> bool:
+    """A 0-dim CPU tensor beside ``device`` tensors in an operator CUDA refuses it in. FakeTensorMode exempts such
+    a scalar in every operator; CUDA only in elementwise ones (a TensorIterator operand): ``stack``, ``cat``,
+    indexing and matrix products refuse it (\"Expected all tensors to be on the same device\")."""
+    if func._schema.name in _MOVES or torch.Tag.pointwise in func.tags:
+        return False
+    types = {t.device.type for t in tensors}
+    return device.type in types and "cpu" in types
 
 
 class _DeviceRule(TorchDispatchMode):
     """Refuses a c10d op (collective or point to point) given a tensor that is not on ``device`` (item 1 of the
-    module docstring) and answers reads of fake values (item 4)."""
+    module docstring) and a host scalar where CUDA refuses one (item 2), and answers reads of fake values (item 4)."""
 
     def __init__(self, device: torch.device):
         super().__init__()
@@ -61,6 +76,9 @@ class _DeviceRule(TorchDispatchMode):
                 raise RuntimeError(f"{func} was given a {host} tensor, and the group takes {self.device.type} tensors "
                                    f"only, as NCCL takes CUDA tensors only (No backend type associated with device "
                                    f"type {host})")
+        elif _host_scalar_mix(func, tensors, self.device):
+            raise RuntimeError(f"Expected all tensors to be on the same device: {func} was given a cpu tensor beside "
+                               f"{self.device.type} ones, which CUDA accepts in elementwise operators only")
         name = func._schema.name
         if name == "aten::equal":
             return True

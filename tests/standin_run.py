@@ -1,7 +1,8 @@
 """Every rank of a run config on the stand-in accelerator (tests/standin_device.py): the trainer's own steps,
 guard, clipping, replica checks and logged-loss reduction, then evaluation, the export's state dict and the
 checkpoint's communication. ``python -m tests.standin_run MODE...`` runs modes of :data:`MODES` one after another
-and prints one JSON line per rank: what evaluation returned, or the error that stopped the mode. Modes that shard
+and prints one JSON line per rank: what evaluation returned (and a pipeline's clip norm's device in every
+``pipeline.clip_projector`` mode), or the error that stopped the mode. Modes that shard
 with FSDP2 get a process each: DTensor keeps what it learnt of a group by the group's name, which the next fake
 world reuses for a group of another size.
 """
@@ -27,6 +28,19 @@ _SDP = ["--parallel.mode", "sdp", "--parallel.workers", "2", "--sdp.keep", "0.5"
 _VIRTUAL = ["--parallel.mode", "sdp", "--parallel.workers", "1", "--sdp.virtual", "true", "--sdp.virtual_workers", "2",
             "--sdp.keep", "0.5"]
 _PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "2", "--pipeline.stages", "2"]
+_VIRTUAL_PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "1", "--pipeline.stages", "2",
+                 "--pipeline.virtual", "true"]
+_HYBRID = ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "2", "--pipeline.dp", "sdp",
+           "--pipeline.sdp_keep", "0.5"]
+CODECS = {  # every pipeline.codec (and MAPL + RVQ): the test checks this against CODEC_KINDS
+    "none": ["--pipeline.codec", "none"],
+    "bf16": ["--pipeline.codec", "bf16"],
+    "int8": ["--pipeline.codec", "int8"],
+    "mapl": ["--pipeline.codec", "mapl"],
+    "mapl-rvq": ["--pipeline.codec", "mapl", "--pipeline.rvq.levels", "2"],
+    "ssn": ["--pipeline.codec", "ssn", "--model.tie_embeddings", "false"],
+    "naive": ["--pipeline.codec", "naive"],
+}
 MODES = {
     "ddp": ["--parallel.mode", "ddp", "--parallel.workers", "2"],
     "fsdp": ["--parallel.mode", "fsdp", "--parallel.workers", "2"],
@@ -38,17 +52,14 @@ MODES = {
     "sdp-fsdp2": ["--parallel.mode", "sdp", "--parallel.workers", "4", "--sdp.keep", "0.5", "--sdp.fsdp", "2"],
     "sdp-virtual": _VIRTUAL,
     "sdp-virtual-batched": [*_VIRTUAL, "--sdp.virtual_batched", "true"],
-    "pipeline-none": _PIPE,
-    "pipeline-bf16": [*_PIPE, "--pipeline.codec", "bf16"],
-    "pipeline-int8": [*_PIPE, "--pipeline.codec", "int8"],
-    "pipeline-mapl": [*_PIPE, "--pipeline.codec", "mapl"],
-    "pipeline-mapl-rvq": [*_PIPE, "--pipeline.codec", "mapl", "--pipeline.rvq.levels", "2"],
-    "pipeline-ssn": [*_PIPE, "--pipeline.codec", "ssn", "--model.tie_embeddings", "false"],
-    "pipeline-naive": [*_PIPE, "--pipeline.codec", "naive"],
-    "pipeline-virtual": ["--parallel.mode", "pipeline", "--parallel.workers", "1", "--pipeline.stages", "2",
-                         "--pipeline.virtual", "true", "--pipeline.codec", "mapl"],
-    "hybrid": ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "2",
-               "--pipeline.dp", "sdp", "--pipeline.sdp_keep", "0.5", "--pipeline.codec", "mapl"],
+    **{f"pipeline-{codec}": [*_PIPE, *args] for codec, args in CODECS.items()},
+    "pipeline-virtual": [*_VIRTUAL_PIPE, *CODECS["mapl"]],
+    # the virtual pipeline with every other codec, in bf16 (where issue 46's clip failed on a GPU), and the hybrid
+    # without a projector: every codec on every pipeline layout, each clipped in every mode (_clip_every_mode)
+    **{f"pipeline-virtual-{codec}": [*_VIRTUAL_PIPE, *args, "--train.dtype", "bf16"]
+       for codec, args in CODECS.items() if codec != "mapl"},
+    "hybrid": [*_HYBRID, *CODECS["mapl"]],
+    "hybrid-none": [*_HYBRID, *CODECS["none"]],
 }
 
 
@@ -81,7 +92,8 @@ def config(mode: str):
 
 
 def run_on_standin(cfg, rank: int, out: Path, steps: int = 2) -> dict:
-    """Rank ``rank`` of ``cfg.parallel.workers`` (module docstring); returns what evaluation gave."""
+    """Rank ``rank`` of ``cfg.parallel.workers`` (module docstring); returns the names of what evaluation gave
+    (``eval``) and, for a pipeline, the device of the clip norm in each clip mode (``clip``)."""
     from slimpar.train.memory.predict_pipeline import value_stand_ins
 
     with standin_accelerator(rank, cfg.parallel.workers) as device:
@@ -92,10 +104,31 @@ def run_on_standin(cfg, rank: int, out: Path, steps: int = 2) -> dict:
                 loss, _ = trainer._step(step)
                 s.end_of_step(step)
                 s.reduce_loss(loss)
+            clip = _clip_every_mode(s, cfg.train.grad_clip)
             results = s.evaluate(trainer.data, cfg)
             s.full_state_dict()
             _checkpoint_state(s, trainer.optimizer)
-    return results
+    return {"eval": sorted(results), **({"clip": clip} if clip else {})}
+
+
+def _clip_every_mode(strategy, max_norm: float) -> dict[str, str]:
+    """A pipeline's clip in every ``pipeline.clip_projector`` mode, on the last step's gradients: mode -> the
+    norm's device. The mode enters the clip alone (``MaplTrainingSpec.clip``), so this is each mode's clip without
+    a run per mode; a rank without a projector of its own (a codec without one, MAPL's last stage) has an empty
+    part in ``separate``, whose zero once sat on the CPU (issue 46)."""
+    import dataclasses
+
+    from slimpar.pipeline.training import CLIP_MODES
+
+    spec = getattr(strategy, "mapl_spec", None)
+    if spec is None:
+        return {}
+    out = {}
+    for mode in CLIP_MODES:
+        strategy.mapl_spec = dataclasses.replace(spec, clip=mode)
+        out[mode] = strategy.clip_grad_norm(max_norm).device.type
+    strategy.mapl_spec = spec
+    return out
 
 
 def standin_trainer(cfg, rank: int, device: torch.device, out: Path):
@@ -155,7 +188,7 @@ def main(modes: list[str]) -> None:
         for rank in range(cfg.parallel.workers):
             try:
                 with tempfile.TemporaryDirectory() as tmp:
-                    record = {"eval": sorted(run_on_standin(cfg, rank, Path(tmp)))}
+                    record = run_on_standin(cfg, rank, Path(tmp))
             except Exception:  # the next mode still runs; the test names this one's error
                 record = {"error": traceback.format_exc()[-3000:]}
             print(json.dumps({"mode": mode, "rank": rank, **record}), flush=True)

@@ -114,9 +114,9 @@ class SyncMessage:
             )
         elif kind == "full":
             rows = torch.arange(num_rows, device=tensors[-1].device)
-        else:
-            rows = torch.zeros(0, dtype=torch.int64)
-        values = tensors[-1] if kind != "none" else torch.zeros(0, dim, dtype=VALUE_DTYPE)
+        else:  # "none": empty, on the device the message came on, like the other kinds' rows and values
+            rows = torch.zeros(0, dtype=torch.int64, device=header.device)
+        values = tensors[-1] if kind != "none" else torch.zeros(0, dim, dtype=VALUE_DTYPE, device=header.device)
         if rows.numel() != count or values.shape != (count, dim):
             raise ValueError(f"payload sizes do not match header count {count}")
         return cls(version, base, kind, rows, values, num_rows)

@@ -94,9 +94,11 @@ def freeze_projectors(module: nn.Module, syncs: Sequence[SharedParamSync]) -> No
 
 
 def clip_grad_norm(spec: MaplTrainingSpec, module: nn.Module, params: list[nn.Parameter],
-                   owned: list[nn.Parameter], max_norm: float, sum_pipeline: Callable[[Tensor], Tensor]) -> Tensor:
+                   owned: list[nn.Parameter], max_norm: float, sum_pipeline: Callable[[Tensor], Tensor],
+                   device: torch.device) -> Tensor:
     """Clip ``params``' gradients by the norm over all stages of one pipeline; returns that norm (a float64
-    scalar on the gradients' device: the factors are applied there, so clipping never waits for the device).
+    scalar on ``device``, the run's, where the gradients are: the factors are applied there, so clipping never
+    waits for the device).
 
     ``owned``: the parameters this rank counts in the norm (each shared or tied weight once over the
     pipeline); ``sum_pipeline`` sums a float64 tensor over the stages. The same factor is applied on every
@@ -104,9 +106,9 @@ def clip_grad_norm(spec: MaplTrainingSpec, module: nn.Module, params: list[nn.Pa
     """
     clip = spec.clip
     proj = set() if clip == "global" else {id(p) for p in stiefel_parameters(module)}
-    parts = [_sq_norm([p for p in owned if id(p) not in proj])]
+    parts = [_sq_norm([p for p in owned if id(p) not in proj], device)]
     if clip == "separate":
-        parts.append(_sq_norm([p for p in owned if id(p) in proj]))
+        parts.append(_sq_norm([p for p in owned if id(p) in proj], device))
     sq = sum_pipeline(torch.stack(parts))  # one all-reduce of 1 or 2 numbers
     total = sq[0].sqrt()
     _scale([p for p in params if id(p) not in proj], max_norm / (total + 1e-6))
@@ -115,10 +117,14 @@ def clip_grad_norm(spec: MaplTrainingSpec, module: nn.Module, params: list[nn.Pa
     return total
 
 
-def _sq_norm(params: list[nn.Parameter]) -> torch.Tensor:
-    """Σ ‖grad‖² over ``params`` as a float64 scalar on their device."""
+def _sq_norm(params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
+    """Σ ‖grad‖² over ``params`` as a float64 scalar on ``device``.
+
+    The zero of an empty part is made on ``device``, not on a device read from ``params``: a part is empty
+    whenever a rank holds no projector of its own (codecs without one, MAPL's last stage, whose A is the
+    receiver's copy), and a zero made on the CPU beside device scalars fails ``torch.stack`` on a GPU (issue 46).
+    """
     norms = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
-    device = next((p.device for p in params), None)
     return torch.stack(norms).double().pow(2).sum() if norms else torch.zeros((), dtype=torch.float64, device=device)
 
 

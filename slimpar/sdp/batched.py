@@ -166,7 +166,9 @@ class BatchedSDP:
         """Clip by the norm of the averaged gradient (per-tensor norms, combined in float64); returns that norm as
         a device scalar, the factor applied on the device (1 where the norm is under ``max_norm``)."""
         grads = [p.grad for p, _ in self.scales if p.grad is not None]
-        norms = torch.stack(torch._foreach_norm(grads)).double() if grads else torch.zeros(1, dtype=torch.float64)
+        # no gradient yet: a zero on the model's device, where the norm always is (never a device read off `grads`)
+        norms = (torch.stack(torch._foreach_norm(grads)).double() if grads
+                 else torch.zeros(1, dtype=torch.float64, device=self._device()))
         norm = norms.pow(2).sum().sqrt()
         if max_norm > 0 and grads:
             torch._foreach_mul_(grads, (max_norm / (norm + 1e-6)).clamp(max=1.0))

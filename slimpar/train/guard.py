@@ -36,11 +36,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def grads_finite(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
-    """Whether this rank's gradients are all finite, as a device bool (used when no gradient norm is computed,
-    grad_clip 0): one reduction per gradient, no read."""
+def grads_finite(params: Iterable[torch.nn.Parameter], device: torch.device) -> torch.Tensor:
+    """Whether this rank's gradients are all finite, as a bool on ``device`` (used when no gradient norm is
+    computed, grad_clip 0): one reduction per gradient, no read. Without gradients: True, made on ``device``."""
     checks = [torch.isfinite(_local(p.grad)).all() for p in params if p.grad is not None]
-    return torch.stack(checks).all() if checks else torch.ones((), dtype=torch.bool)
+    return torch.stack(checks).all().to(device) if checks else torch.ones((), dtype=torch.bool, device=device)
 
 
 def _paused(instrument: object | None):
@@ -119,7 +119,7 @@ def _values(loss, gnorm, params, device: torch.device) -> torch.Tensor:
     norm = as_t(gnorm if gnorm is not None else 0.0)
     finite = torch.isfinite(as_t(loss)) & torch.isfinite(norm)
     if gnorm is None:
-        finite = finite & grads_finite(params).to(device)
+        finite = finite & grads_finite(params, device)
     return torch.stack([as_t(loss), norm, finite.double()])
 
 

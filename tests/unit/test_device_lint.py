@@ -8,7 +8,13 @@ list honest without running anything:
 2. in a function that calls one, every tensor factory passes ``device=`` (a scalar made for a collective on
    the CPU is the bug issue 39 found in the guard, the logged loss and evaluation);
 3. ``torch.distributed`` is only ever imported as ``dist`` and its collectives never by name, so 1 and 2 see
-   every call.
+   every call;
+4. an empty list's fallback names its device: a tensor factory that is a branch of a conditional expression
+   (``torch.stack(xs) if xs else torch.zeros(())``) passes ``device=`` (or is host bookkeeping, listed in
+   :data:`HOST_BRANCHES`), and a device read off a possibly empty
+   iterable (``next((p.device for p in ps), ...)``, or ``torch.device("cpu")`` as a fallback) is listed in
+   :data:`FALLBACKS` with why the CPU is right there (issue 46: the pipeline's clip stacked a CPU zero, made for
+   an empty list of projectors, with device scalars).
 """
 
 from __future__ import annotations
@@ -49,6 +55,19 @@ SITES = {  # "file::function": where the tensors that enter its collectives live
     "slimpar/train/strategies/pipeline.py::PipelineStrategy._sum_pipeline": "moved to ctx.device",
     "slimpar/train/strategies/pipeline.py::PipelineStrategy.reduce_loss": "created on ctx.device",
 }
+FALLBACKS = {  # "file::function": a device read off a possibly empty iterable, and why the CPU is right when empty
+    "slimpar/train/guard.py::_device_of": "no tensor at all (one process, a float loss and norm): everything the "
+                                         "guard then makes is on the host, and nothing is mixed",
+    "slimpar/sdp/holders.py::_device": "a module without parameters, which SDP never wraps (every worker holds "
+                                       "the model's shared parameters)",
+}
+HOST_BRANCHES = {  # "file::function": a conditional's factory without device= that is host bookkeeping by design
+    "slimpar/codecs/anchors.py::FactorizedAnchor.__init__": "the initial table, built on the host with the model, "
+                                                            "which the run then moves",
+    "slimpar/codecs/anchors.py::FullAnchor.__init__": "the same",
+    "slimpar/sdp/apply.py::_slice_layer": "a unit index made on the host in both branches, moved where it is used",
+    "slimpar/sdp/batched_routes.py::NeuronRoute.__init__": "host unit indices, moved to the device just below",
+}
 
 
 class _Sites(ast.NodeVisitor):
@@ -59,6 +78,8 @@ class _Sites(ast.NodeVisitor):
         self.scope: list[str] = []
         self.calls: dict[str, list[int]] = {}
         self.factories: dict[str, list[int]] = {}
+        self.fallback_factories: dict[str, list[int]] = {}  # item 4: a factory as a conditional's branch
+        self.device_fallbacks: dict[str, list[int]] = {}  # item 4: a device read off a possibly empty iterable
 
     def _scoped(self, node) -> None:
         self.scope.append(node.name)
@@ -72,22 +93,53 @@ class _Sites(ast.NodeVisitor):
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
             if f.value.id == "dist" and f.attr in COMM:
                 self.calls.setdefault(where, []).append(node.lineno)
-            if f.value.id == "torch" and f.attr in FACTORIES and not any(k.arg == "device" for k in node.keywords):
+            if _hostless_factory(node):
                 self.factories.setdefault(where, []).append(node.lineno)
+        if isinstance(f, ast.Name) and f.id == "next" and len(node.args) == 2 and (
+                ".device" in ast.unparse(node.args[0]) or _is_cpu_device(node.args[1])):
+            self.device_fallbacks.setdefault(where, []).append(node.lineno)
         self.generic_visit(node)
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:
+        where = ".".join(self.scope)
+        for branch in (node.body, node.orelse):
+            if _hostless_factory(branch):
+                self.fallback_factories.setdefault(where, []).append(branch.lineno)
+            if _is_cpu_device(branch):
+                self.device_fallbacks.setdefault(where, []).append(branch.lineno)
+        self.generic_visit(node)
+
+
+def _hostless_factory(node: ast.AST) -> bool:
+    """``torch.<factory>(...)`` without ``device=``: made on the CPU whatever the run's device."""
+    f = node.func if isinstance(node, ast.Call) else None
+    return (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "torch"
+            and f.attr in FACTORIES and not any(k.arg == "device" for k in node.keywords))
+
+
+def _is_cpu_device(node: ast.AST) -> bool:
+    return ast.unparse(node) in ("torch.device('cpu')", 'torch.device("cpu")')
 
 
 @functools.cache
 def _scan() -> tuple[dict[str, list[int]], dict[str, list[int]], list[str]]:
     calls, factories, imports = {}, {}, []
-    for path in sorted((ROOT / "slimpar").rglob("*.py")):
-        rel, tree = path.relative_to(ROOT).as_posix(), ast.parse(path.read_text())
-        sites = _Sites()
-        sites.visit(tree)
+    for rel, tree, sites in _files():
         calls.update({f"{rel}::{k}": v for k, v in sites.calls.items()})
         factories.update({f"{rel}::{k}": v for k, v in sites.factories.items() if k in sites.calls})
         imports += [f"{rel}:{n.lineno}" for n in ast.walk(tree) if _foreign_import(n)]
     return calls, factories, imports
+
+
+@functools.cache
+def _files() -> list[tuple]:
+    out = []
+    for path in sorted((ROOT / "slimpar").rglob("*.py")):
+        rel, tree = path.relative_to(ROOT).as_posix(), ast.parse(path.read_text())
+        sites = _Sites()
+        sites.visit(tree)
+        out.append((rel, tree, sites))
+    return out
 
 
 def _foreign_import(node: ast.AST) -> bool:
@@ -113,3 +165,19 @@ def test_tensors_made_next_to_a_collective_name_their_device():
 def test_torch_distributed_is_imported_as_dist_only():
     _, _, imports = _scan()
     assert not imports, f"torch.distributed imported under another name, or a collective by name: {imports}"
+
+
+def test_an_empty_lists_fallback_names_its_device():
+    """Item 4: ``f(xs) if xs else torch.zeros(())``: the empty case's tensor is made on the CPU whatever the device
+    of the others it then meets (the pipeline's clip, issue 46; BatchedSDP's norm; the guard's finite check)."""
+    hostless = {f"{rel}::{k}": v for rel, _, sites in _files() for k, v in sites.fallback_factories.items()}
+    unlisted = {site: lines for site, lines in hostless.items() if site not in HOST_BRANCHES}
+    assert not unlisted, f"a conditional's tensor factory without device= (an empty list's fallback): {unlisted}"
+    assert set(HOST_BRANCHES) <= set(hostless), "HOST_BRANCHES lists sites that no longer need it"
+
+
+def test_devices_read_off_possibly_empty_iterables_are_listed():
+    """Item 4: a device taken from the first of some tensors falls back when there are none; each such site is
+    listed with why its fallback is right (a new one fails here until it is)."""
+    found = {f"{rel}::{k}": v for rel, _, sites in _files() for k, v in sites.device_fallbacks.items()}
+    assert sorted(found) == sorted(FALLBACKS), f"device fallbacks found: {found}; listed: {sorted(FALLBACKS)}"

@@ -27,13 +27,17 @@ def _grads(module: torch.nn.Module) -> None:
 
 
 def test_the_stand_in_refuses_host_tensors_as_nccl_does():
-    """The proxy itself: a CPU tensor in a collective and a host tensor added into a device one both raise."""
+    """The proxy itself: a CPU tensor in a collective, a host tensor added into a device one and a CPU scalar
+    stacked with device ones (issue 46) raise; a CPU scalar in an elementwise op does not, as on CUDA."""
     with standin_accelerator(0, 2):
         with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
             dist.all_reduce(torch.zeros(1))
         with pytest.raises(RuntimeError, match="wrong device"):
             torch.zeros((), dtype=torch.float64).add_(torch.ones((), device=DEVICE))
         dist.all_reduce(torch.zeros(1, device=DEVICE))
+        with pytest.raises(RuntimeError, match="same device"):  # FakeTensorMode lets a CPU scalar in; CUDA does not
+            torch.stack([torch.zeros((), device=DEVICE), torch.zeros(())])
+        torch.ones((), device=DEVICE).mul(torch.tensor(2.0))  # CUDA's exemption: a CPU scalar in an elementwise op
 
 
 def test_guard_agrees_on_the_group_device():
@@ -123,3 +127,33 @@ def test_neuron_backward_split_indexes_on_the_device():
     with standin_accelerator(0, 2):
         sdp = _wrapper("backward", "neuron")
         assert {p.device for p in sdp.module.parameters()} == {DEVICE}
+
+
+def test_batched_sdp_norm_without_gradients_is_on_the_device():
+    """sdp/batched.py (issue 46's audit): with no gradient yet, the norm was a CPU zero (``torch.zeros`` without
+    a device, for an empty list of gradients)."""
+    from slimpar.sdp.batched import BatchedSDP
+    from slimpar.sdp.planner import plan_blocks
+
+    with standin_accelerator(0, 1):
+        model = _llama().to(DEVICE)
+        assert BatchedSDP(model, plan_blocks(model, 2, 0.5)).clip_grad_norm_(1.0).device == DEVICE
+
+
+def test_the_guards_finite_check_without_gradients_is_on_the_device():
+    """train/guard.py (issue 46's audit): with no gradient, the finite check was a CPU True, copied over."""
+    from slimpar.train.guard import grads_finite
+
+    with standin_accelerator(0, 1):
+        assert grads_finite([], DEVICE).device == DEVICE
+        assert grads_finite([torch.nn.Parameter(torch.zeros(2, device=DEVICE))], DEVICE).device == DEVICE
+
+
+def test_an_empty_codebook_message_stays_on_its_device():
+    """codecs/codebook_sync.py (issue 46's audit): a "none" message's empty rows and values were made on the CPU
+    whatever device the message came on."""
+    from slimpar.codecs.codebook_sync import HEADER_DTYPE, HEADER_NUMEL, SyncMessage
+
+    header = torch.zeros(HEADER_NUMEL, dtype=HEADER_DTYPE, device="meta")
+    msg = SyncMessage.from_tensors([header], 16, 4, header_values=[3, 3, 0, 0])
+    assert (msg.kind, msg.rows.device, msg.values.device) == ("none", header.device, header.device)

@@ -13,7 +13,10 @@ Four kinds of sizes in a pipeline step depend on values; :class:`ValueSizes` ans
 3. ``bincount`` (RVQ's code counts): ``minlength`` bins, exact since codes are < K;
 4. the RVQ codebook header a receiver reads to size the rows that follow: the sender's worst case, where
    every forward changes every row: message 0 is the full table, message i the full table when i is a
-   multiple of ``sync_every`` x microbatches, else a delta of all Q·K rows (version i + 1, base i).
+   multiple of ``sync_every`` x microbatches, else a delta of all Q·K rows (version i + 1, base i). Where the
+   sender is in the same process (a virtual pipeline) the receiver reads the header it sent instead, as the rows
+   that follow are what that header announced: a small integer tensor made from host values (``torch.tensor``
+   of a list, as a header is) reads as those values, and so do its copies (``values`` of :class:`ValueSizes`).
 
 Sends and receives on the fake backend move nothing, and need not: a stage's receive buffers are
 preallocated from static shapes (pipeline/stage.py), and the only size read off the wire is (4). What
@@ -30,7 +33,7 @@ import weakref
 from collections.abc import Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from slimpar.parallel.comm import storage_key
@@ -40,6 +43,8 @@ VALUE_SIZES = "distinct token ids as in the run's own batches; RVQ codebook mess
 NO_DATA_SIZES = ("every token id of a batch distinct (the data is not installed: the worst case); RVQ codebook "
                  "messages at their worst case (every row)")
 _UNIQUE = {"aten::_unique2", "aten::_unique", "aten::unique_dim", "aten::unique_consecutive"}
+_COPIES = {"aten::clone", "aten::_to_copy", "aten::copy_"}  # a registered tensor's values follow these
+_HOST_VALUES = 64  # integer tensors made from host values with at most this many elements are registered (item 4)
 
 
 class ValueSizes(TorchDispatchMode):
@@ -62,6 +67,16 @@ class ValueSizes(TorchDispatchMode):
         self.values[key] = values
         weakref.finalize(st, self.values.pop, key, None)
 
+    def known(self, t: torch.Tensor) -> bool:
+        return storage_key(t.untyped_storage()) in self.values
+
+    def _follow(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """``dst``, a whole copy of a registered ``src``, reads as ``src`` does (a sent header's copies on a virtual
+        pipeline's link: sent, moved, received)."""
+        values = self.values.get(storage_key(src.untyped_storage()))
+        if values is not None and dst.storage_offset() == 0 and dst.numel() == src.numel():
+            self.register(dst, values[src.storage_offset():src.storage_offset() + src.numel()])
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)):
@@ -78,6 +93,15 @@ class ValueSizes(TorchDispatchMode):
             return torch.empty((t.numel() if n is None else n, t.dim()), dtype=torch.long, device=t.device)
         elif name == "aten::bincount":
             return _bincount(**_bound(func, args, kwargs))
+        elif name in _COPIES:
+            out = func(*args, **kwargs)
+            self._follow(args[1] if name == "aten::copy_" else args[0], out)
+            return out
+        elif name == "aten::lift_fresh" and _host_ints(args[0]):  # torch.tensor([...]) of host integers
+            out = func(*args, **kwargs)
+            with _disable_current_modes():  # read on the host, not answered by the fake mode below
+                self.register(out, args[0].reshape(-1).tolist())
+            return out
         elif name == "aten::index" and any(i is not None and i.dtype == torch.bool for i in args[1]):
             return func(args[0], [_all_true(i) for i in args[1]])
         return func(*args, **kwargs)
@@ -111,6 +135,14 @@ def _bound(func, args, kwargs) -> dict:
     out.update(kwargs)
     out["self_"] = out.pop("self")
     return out
+
+
+def _host_ints(t: torch.Tensor) -> bool:
+    """A real (not fake) small integer tensor: its values are known on the host."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return (not isinstance(t, FakeTensor) and not t.is_floating_point() and not t.is_complex()
+            and t.numel() <= _HOST_VALUES)
 
 
 def _bincount(self_: torch.Tensor, weights: torch.Tensor | None = None, minlength: int = 0) -> torch.Tensor:
@@ -234,7 +266,7 @@ def pipeline_stand_ins(vocab_size: int) -> Iterator[ValueSizes]:
     saved = BoundaryDecoder.extra_spec, PipelineStrategy._touched_rows
 
     def extra_spec(self, fixed):
-        if self.spec.rvq is not None and self.training:
+        if self.spec.rvq is not None and self.training and not sizes.known(fixed[1]):  # a header from another rank
             sizes.register(fixed[1], codebook_header(self))
         return saved[0](self, fixed)
 

@@ -48,7 +48,7 @@ class HybridPipelineStrategy(PipelineStrategy):
     def _sum_pipeline(self, t: torch.Tensor) -> torch.Tensor:
         t = t.to(self.ctx.device)
         dist.all_reduce(t, group=self.groups.world)  # every term counted on exactly one rank of the world
-        return t.cpu()
+        return t  # stays on the device, as the pipeline's: the clip factors are applied there, without a wait
 
     def _touched_rows(self) -> torch.Tensor:
         """As the pipeline's, and the bytes of its id-mask all-reduce in the replica group (sparse rows only)."""

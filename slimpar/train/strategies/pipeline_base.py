@@ -141,7 +141,7 @@ class PipelineStrategyBase(Strategy, abc.ABC):
         ``pipeline.clip_projector`` decides whether A's gradient counts in it (pipeline/training.py).
         """
         return training.clip_grad_norm(self.mapl_spec, self.model, self.parameters(), self._owned(), max_norm,
-                                       self._sum_pipeline)
+                                       self._sum_pipeline, self.ctx.device)
 
     def _sum_pipeline(self, t: torch.Tensor) -> torch.Tensor:
         return t
