@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from slimpar.config import ConfigError
-from tests.helpers import TINY
+from tests.helpers import TINY, standin_gpus
 
 JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_LOCALID", "SLURM_NODEID",
             "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "MASTER_ADDR")
@@ -65,7 +65,7 @@ def test_a_bare_srun_rank_drives_its_own_gpu(env, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
     env(RANK=6, WORLD_SIZE=8, SLURM_LOCALID=2, SLURM_NODEID=1, SLURM_STEP_TASKS_PER_NODE="4(x2)")
     cfg = load_run_config(str(TINY), ["--parallel.device", "cpu"], training=False)
-    cfg.parallel.device = "cuda"  # validation needs no GPU to pass here: the context only picks one
+    cfg.parallel.device, cfg.parallel.backend = "cuda", "nccl"  # as a GPU machine resolves: the context picks one
     ctx = init_context(cfg, tmp_path)  # no MASTER_ADDR: no process group is created
     assert ctx.device == torch.device("cuda", 2) and chosen == [torch.device("cuda", 2)]
 
@@ -73,8 +73,7 @@ def test_a_bare_srun_rank_drives_its_own_gpu(env, monkeypatch, tmp_path):
 def _validate_cuda(gpus: int, monkeypatch, workers: int = 8, backend: str = "nccl") -> None:
     from slimpar.train.validate.checks import load_run_config
 
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)  # this CPU build has none
+    standin_gpus(monkeypatch, gpus)  # this CPU build has no CUDA and no NCCL
     load_run_config(str(TINY), ["--parallel.device", "cuda", "--parallel.backend", backend, "--parallel.mode", "ddp",
                                 "--parallel.workers", str(workers)], training=False)
 

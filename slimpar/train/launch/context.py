@@ -37,24 +37,33 @@ def init_context(cfg: Config, out_dir: Path) -> RunContext:
     """Create the process group when the environment (torchrun or slimpar's launcher) defines one."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    device = torch.device("cpu")
-    if cfg.parallel.device == "cuda":  # this machine's GPU number local_rank: LOCAL_RANK, or SLURM_LOCALID under srun
-        device = torch.device("cuda", gpu_index(local_rank(), torch.cuda.device_count(), cfg.parallel.backend))
-        torch.cuda.set_device(device)
-    else:
+    device = worker_device(cfg)
+    if device.type == "cpu":
         _share_cores(world)
     group = None
     timeout = timedelta(seconds=cfg.parallel.timeout_s)
     if world > 1 or cfg.parallel.mode not in ("single",):
         if not dist.is_initialized() and "MASTER_ADDR" in os.environ:
-            backend = cfg.parallel.backend
-            if backend == "auto":
-                backend = "nccl" if device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
+            dist.init_process_group(cfg.parallel.backend, device_id=device if device.type == "cuda" else None,
                                     timeout=timeout)
         if dist.is_initialized():
             group = dist.group.WORLD
     return RunContext(rank=rank, world=world, device=device, out_dir=out_dir, group=group, timeout=timeout)
+
+
+def worker_device(cfg: Config) -> torch.device:
+    """The device this worker trains on, made current: on CUDA this machine's GPU number ``local_rank`` (LOCAL_RANK,
+    or SLURM_LOCALID under srun), or the GPUs in turn where gloo workers share them.
+
+    ``cfg`` must be resolved (slimpar.train.validate.device): an ``auto`` here would train on the CPU unasked."""
+    p = cfg.parallel
+    if "auto" in (p.device, p.backend):
+        raise ValueError("a worker needs a resolved parallel.device and parallel.backend (resolve_device)")
+    if p.device != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", gpu_index(local_rank(), torch.cuda.device_count(), p.backend))
+    torch.cuda.set_device(device)
+    return device
 
 
 def _share_cores(world: int) -> None:

@@ -23,7 +23,7 @@ from slimpar.data.errors import DataUnavailable
 from slimpar.sdp.holders import ReplicaMismatch
 from slimpar.train.guard import TrainingDiverged
 from slimpar.train.launch import failure, parent, preempt
-from slimpar.train.launch.context import RunContext, init_context
+from slimpar.train.launch.context import RunContext, init_context, worker_device
 from slimpar.train.launch.elastic import restart_count
 from slimpar.train.launch.run_lock import hold_worker_lock
 
@@ -180,20 +180,12 @@ def init_attempt_group(cfg: Config) -> None:
     if world == 1 and cfg.parallel.mode == "single":
         return
     timeout = timedelta(seconds=cfg.parallel.timeout_s)
-    cuda = cfg.parallel.device == "cuda"
-    backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if cuda else "gloo")
-    device = None
-    if cuda:
-        import torch
-
-        from slimpar.parallel.placement import local_rank
-
-        device = torch.device("cuda", local_rank())
-        torch.cuda.set_device(device)
+    device = worker_device(cfg)  # the same GPU init_context binds (gloo workers may share one)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
                           timeout=timeout)
     store = dist.PrefixStore(f"{ATTEMPT_PREFIX}{restart_count()}", store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device)
+    dist.init_process_group(cfg.parallel.backend, store=store, rank=rank, world_size=world, timeout=timeout,
+                            device_id=device if device.type == "cuda" else None)
 
 
 def disk_full(e: BaseException) -> bool:
