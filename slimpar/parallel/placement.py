@@ -58,8 +58,9 @@ def choose_device(device: str, backend: str, gpus: int, local: int) -> DeviceCho
     if device == "auto":
         device = "cuda" if gpus and (gpus >= local or backend != "auto") else "cpu"
         if device == "cpu" and gpus:
+            them = "it" if gpus == 1 else "them"
             note = (f"note: {_count(gpus, 'GPU')} here for {_count(local, 'local worker')}, which need one GPU "
-                    f"each with NCCL: training on the CPU. To share the GPUs over gloo: --parallel.device cuda "
+                    f"each with NCCL: training on the CPU. To share {them} over gloo: --parallel.device cuda "
                     f"--parallel.backend gloo; or run {gpus} worker(s) per machine (--parallel.workers {gpus}, "
                     f"or torchrun --nproc_per_node {gpus})")
     if backend == "auto":
