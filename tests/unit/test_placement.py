@@ -118,3 +118,26 @@ def test_gloo_ranks_share_the_gpus_in_turn(env, monkeypatch, tmp_path):
     cfg = load_run_config(str(TINY), ["--parallel.device", "cpu", "--parallel.backend", "gloo"], training=False)
     cfg.parallel.device = "cuda"
     assert init_context(cfg, tmp_path).device == torch.device("cuda", 0)
+
+
+def test_a_restarted_gloo_group_binds_the_gpu_the_context_binds(env, monkeypatch):
+    """Under an elastic agent's store (slimpar's launcher, torchrun) the group is made by init_attempt_group, which
+    bound cuda:LOCAL_RANK: a GPU that does not exist for the 4th gloo worker sharing one GPU (the device check's
+    cuda:gloo row). It binds the GPU init_context drives now."""
+    from slimpar.train.launch import worker
+    from slimpar.train.validate.checks import load_run_config
+
+    standin_gpus(monkeypatch, 1)
+    chosen, groups = [], []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(worker.dist, "TCPStore", lambda *a, **k: "store")
+    monkeypatch.setattr(worker.dist, "PrefixStore", lambda prefix, store: store)
+    monkeypatch.setattr(worker.dist, "init_process_group", lambda backend, **kw: groups.append((backend, kw)))
+    env(RANK=3, WORLD_SIZE=4, LOCAL_RANK=3, LOCAL_WORLD_SIZE=4, MASTER_ADDR="127.0.0.1", MASTER_PORT=29500,
+        TORCHELASTIC_USE_AGENT_STORE="True")
+    cfg = load_run_config(str(TINY), ["--parallel.mode", "ddp", "--parallel.workers", "4", "--parallel.backend",
+                                      "gloo"], training=False)
+    assert cfg.parallel.device == "cuda"  # auto with an explicit gloo: the workers share the GPU
+    worker.init_attempt_group(cfg)
+    (backend, kw), = groups
+    assert chosen == [torch.device("cuda", 0)] and backend == "gloo" and kw["device_id"] == torch.device("cuda", 0)
