@@ -69,6 +69,9 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     from slimpar.train.launch.elastic import join_torchrun
 
     cfg = join_torchrun(cfg)
+    from slimpar.train.validate.device import resolve_device, start_line
+
+    device = resolve_device(cfg)  # after the world size is known, before any check reads the device
     if args.print_config:
         from slimpar.config import to_toml
 
@@ -98,6 +101,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     os.environ[RESUME_ENV] = again  # for a worker that must print a stop's closing line itself (preempt.py)
     if main:
         print(f"run folder: {out}  (to resume it: {again})", flush=True)
+        print("\n".join(filter(None, [device.note, start_line(cfg, device)])), flush=True)
     code = _launch_and_report(launch, cfg, out, again)
     if main and code == 0:
         print(f"run folder: {out}", flush=True)

@@ -98,8 +98,9 @@ class TrainConfig:
 class ParallelConfig:
     mode: str = "single"  # single | ddp | fsdp | sdp | pipeline
     workers: int = 1  # processes; slimpar starts them itself unless launched under torchrun
-    backend: str = "auto"  # auto (gloo on CPU, nccl on GPU) | gloo | nccl
-    device: str = "cpu"  # cpu | cuda
+    backend: str = "auto"  # auto (nccl on cuda, gloo on cpu) | gloo | nccl
+    # resolved before any process starts; config.toml records the result (slimpar.train.validate.device)
+    device: str = "auto"  # auto (cuda where every local worker gets a GPU of its own, else cpu) | cpu | cuda
     timeout_s: float = 300  # seconds a collective may wait for a peer before the run fails (hung worker)
     max_restarts: int = 0  # restart all workers after a failure up to N times; each resumes (torchrun: its own flag)
 

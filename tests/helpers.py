@@ -135,3 +135,16 @@ def train_virtual_pipeline(cfg, data, steps: int):
         opt.step()
         strat.after_step()
     return strat
+
+
+def standin_gpus(monkeypatch, gpus: int, memory: int = 80 << 30) -> None:
+    """This machine seen as one with ``gpus`` CUDA devices of ``memory`` bytes and NCCL (what start-up reads: the
+    device choice, the GPU count, the memory floor, NCCL's availability); nothing runs on them."""
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=memory))
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)

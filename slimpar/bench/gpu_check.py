@@ -3,10 +3,10 @@ CPU proxies cannot (NCCL, cuda:gloo, bf16, torch.compile with inductor/Triton, T
 
 Each row is a fresh process (``python -m slimpar ...``, or ``torchrun``) under its own time limit, sized at 1.6-2
 times what the row took on a fresh H200 machine (docs/results/gpu: first imports and CUDA's start-up cost about
-15 s a process there), so that the limits add up to at most :data:`BUDGET_S` (8 minutes). A row that fails or runs out of time is
-recorded with its exit code, the end of its output and whatever numbers it had written (its metrics, a JSON
-line it printed), and the next row runs. ``results.json`` is rewritten after every row, so a check cut short
-still returns what it measured; it records the torch, CUDA and NCCL versions the rows ran on.
+15 s a process there), so that the limits add up to at most :data:`BUDGET_S` (8 minutes). A row that fails or
+runs out of time is recorded with its exit code, the end of its output and whatever numbers it had written (its
+metrics, a JSON line it printed), and the next row runs. ``results.json`` is rewritten after every row, so a check
+cut short still returns what it measured; it records the torch, CUDA and NCCL versions the rows ran on.
 
 The device machine has no slimpar installed and no internet: the rows run from the checkout
 (``PYTHONPATH``) on the machine's own torch, train on a corpus made of slimpar's own source files (real text that

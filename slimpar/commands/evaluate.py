@@ -39,7 +39,10 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None, through_code
     pipeline = load_config(cfg_path).parallel.mode == "pipeline"
     if through_codecs and not pipeline:
         raise ConfigError(f"{run_dir} is not a pipeline run (no boundary codecs): evaluate without --through-codecs")
-    cfg = load_run_config(cfg_path, ["--parallel.mode", "single", "--parallel.workers", "1"] + (overrides or []))
+    # one process on the CPU, where the model is built and evaluated: a GPU run's config.toml says cuda and nccl
+    here = ["--parallel.mode", "single", "--parallel.workers", "1", "--parallel.device", "cpu", "--parallel.backend",
+            "gloo"]
+    cfg = load_run_config(cfg_path, here + (overrides or []))
     from slimpar.train.build import build_data, build_model
     from slimpar.train.checkpoint.init_from import check_init_from
 
@@ -90,7 +93,7 @@ def _through_codecs(cfg, model, data, state: dict[str, torch.Tensor], codecs: di
     from slimpar.train.evaluate import val_splits
     from slimpar.train.strategies.pipeline import build_run_stages
 
-    stages = build_run_stages(cfg, model, list(range(cfg.pipeline.stages)))
+    stages = build_run_stages(cfg, model, list(range(cfg.pipeline.stages)), "cpu")  # as the model: on the CPU
     for stage in stages:
         load_effective_state_dict(stage.model, state)
     load_codec_state(stages, codecs)

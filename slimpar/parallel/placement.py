@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 _RUN = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
@@ -31,6 +32,44 @@ def gpu_index(local: int, gpus: int, backend: str = "auto") -> int:
     """The GPU a process of local rank ``local`` drives: its own, one per process; with gloo (which also reduces
     CUDA tensors, unlike NCCL it takes several ranks on one GPU) the local ranks take the GPUs in turn."""
     return local % max(gpus, 1) if backend == "gloo" else local
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """What ``parallel.device`` / ``parallel.backend`` became on this machine, and what the choice rested on."""
+
+    device: str  # cpu | cuda
+    backend: str  # gloo | nccl
+    gpus: int  # CUDA devices this process sees
+    local: int  # worker processes on this machine
+    note: str = ""  # why ``auto`` left this machine's GPUs unused; "" where it did not
+
+
+def choose_device(device: str, backend: str, gpus: int, local: int) -> DeviceChoice:
+    """Resolve ``auto`` for ``local`` worker processes on a machine with ``gpus`` GPUs (a pure function of them).
+
+    ``device = "auto"`` is the CPU without a GPU, and CUDA where every local worker gets a GPU of its own. With
+    fewer GPUs than workers an explicit backend decides: ``gloo`` lets workers share the GPUs (``gpu_index``),
+    ``nccl`` takes CUDA and the validator refuses it with both counts; with ``backend = "auto"`` it is the CPU,
+    with a note that names the counts and the ways to use the GPUs, never in silence. ``backend = "auto"`` is
+    NCCL on CUDA, gloo on the CPU.
+    """
+    note = ""
+    if device == "auto":
+        device = "cuda" if gpus and (gpus >= local or backend != "auto") else "cpu"
+        if device == "cpu" and gpus:
+            them = "it" if gpus == 1 else "them"
+            note = (f"note: {_count(gpus, 'GPU')} here for {_count(local, 'local worker')}, which need one GPU "
+                    f"each with NCCL: training on the CPU. To share {them} over gloo: --parallel.device cuda "
+                    f"--parallel.backend gloo; or run {gpus} worker(s) per machine (--parallel.workers {gpus}, "
+                    f"or torchrun --nproc_per_node {gpus})")
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    return DeviceChoice(device, backend, gpus, local, note)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def local_world_size(env: Mapping[str, str] = os.environ, default: int = 1) -> int:

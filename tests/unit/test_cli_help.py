@@ -56,7 +56,11 @@ def test_print_config_prints_the_resolved_toml_and_exits(capsys, tmp_path, monke
     assert main(["train", "--config", "llama_tiny", "--train.steps", "7", "--print-config"]) == 0
     printed = tomllib.loads(capsys.readouterr().out)
     assert printed["train"]["steps"] == 7 and printed["model"]["size"] == "tiny"
-    assert printed == to_dict(load_config("llama_tiny", ["--train.steps", "7"]))
+    from slimpar.train.validate.device import resolve_device
+
+    want = load_config("llama_tiny", ["--train.steps", "7"])
+    resolve_device(want)  # auto becomes this machine's device and backend, as the run's config.toml records them
+    assert printed == to_dict(want) and "auto" not in (want.parallel.device, want.parallel.backend)
     assert not (tmp_path / "runs").exists()  # nothing launched, nothing written
 
 
@@ -75,12 +79,12 @@ def test_unknown_config_names_the_packaged_ones(tmp_path):
 
 
 def test_version_prints_the_version_not_the_help(capsys):
-    from slimpar import __version__
+    from slimpar import __version__, torch_range
 
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0
-    assert capsys.readouterr().out.strip() == f"slimpar {__version__}"
+    assert capsys.readouterr().out.strip() == f"slimpar {__version__}; {torch_range.describe()}"
 
 
 def test_top_level_help_is_plain_text_and_names_every_command(capsys):

@@ -12,7 +12,7 @@ from torch.distributed.pipelining import PipelineStage
 from slimpar.config import ConfigError
 from slimpar.pipeline.stage import CodecPipelineStage
 from slimpar.train.validate.checks import load_run_config
-from tests.helpers import TINY
+from tests.helpers import TINY, standin_gpus
 
 GOOD = ["--model.tie_embeddings", "false", "--parallel.mode", "pipeline", "--parallel.workers", "2",
         "--pipeline.stages", "2", "--pipeline.microbatches", "2"]
@@ -55,7 +55,7 @@ def test_bad_pipeline_configs_are_rejected(case: str, monkeypatch) -> None:
 
 
 def test_cuda_without_enough_gpus_is_rejected(monkeypatch) -> None:
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    standin_gpus(monkeypatch, 1)
     with pytest.raises(ConfigError, match="runs 2 worker process.*one GPU each; it has 1 GPUs"):
         load_run_config(TINY, GOOD + ["--parallel.device", "cuda"])
     virtual = ["--parallel.workers", "1", "--pipeline.virtual", "true", "--parallel.device", "cuda"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from slimpar.config import ConfigError
-from tests.helpers import TINY
+from tests.helpers import TINY, standin_gpus
 
 JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_LOCALID", "SLURM_NODEID",
             "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "MASTER_ADDR")
@@ -65,7 +65,7 @@ def test_a_bare_srun_rank_drives_its_own_gpu(env, monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
     env(RANK=6, WORLD_SIZE=8, SLURM_LOCALID=2, SLURM_NODEID=1, SLURM_STEP_TASKS_PER_NODE="4(x2)")
     cfg = load_run_config(str(TINY), ["--parallel.device", "cpu"], training=False)
-    cfg.parallel.device = "cuda"  # validation needs no GPU to pass here: the context only picks one
+    cfg.parallel.device, cfg.parallel.backend = "cuda", "nccl"  # as a GPU machine resolves: the context picks one
     ctx = init_context(cfg, tmp_path)  # no MASTER_ADDR: no process group is created
     assert ctx.device == torch.device("cuda", 2) and chosen == [torch.device("cuda", 2)]
 
@@ -73,8 +73,7 @@ def test_a_bare_srun_rank_drives_its_own_gpu(env, monkeypatch, tmp_path):
 def _validate_cuda(gpus: int, monkeypatch, workers: int = 8, backend: str = "nccl") -> None:
     from slimpar.train.validate.checks import load_run_config
 
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)  # this CPU build has none
+    standin_gpus(monkeypatch, gpus)  # this CPU build has no CUDA and no NCCL
     load_run_config(str(TINY), ["--parallel.device", "cuda", "--parallel.backend", backend, "--parallel.mode", "ddp",
                                 "--parallel.workers", str(workers)], training=False)
 
@@ -119,3 +118,27 @@ def test_gloo_ranks_share_the_gpus_in_turn(env, monkeypatch, tmp_path):
     cfg = load_run_config(str(TINY), ["--parallel.device", "cpu", "--parallel.backend", "gloo"], training=False)
     cfg.parallel.device = "cuda"
     assert init_context(cfg, tmp_path).device == torch.device("cuda", 0)
+
+
+def test_a_restarted_gloo_group_binds_the_gpu_the_context_binds(env, monkeypatch):
+    """Under an elastic agent's store (slimpar's launcher, torchrun) the group is made by init_attempt_group, which
+    bound cuda:LOCAL_RANK: a GPU that does not exist for the 4th gloo worker sharing one GPU (the device check's
+    cuda:gloo row). It binds the GPU init_context drives now."""
+    from slimpar.train.launch import worker
+    from slimpar.train.validate.checks import load_run_config
+
+    standin_gpus(monkeypatch, 1)
+    chosen, groups = [], []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(worker.dist, "TCPStore", lambda *a, **k: "store")
+    monkeypatch.setattr(worker.dist, "PrefixStore", lambda prefix, store: store)
+    monkeypatch.setattr(worker.dist, "init_process_group", lambda backend, **kw: groups.append((backend, kw)))
+    env(RANK=3, WORLD_SIZE=4, LOCAL_RANK=3, LOCAL_WORLD_SIZE=4, MASTER_ADDR="127.0.0.1", MASTER_PORT=29500,
+        TORCHELASTIC_USE_AGENT_STORE="True")
+    cfg = load_run_config(str(TINY), ["--parallel.mode", "ddp", "--parallel.workers", "4", "--parallel.backend",
+                                      "gloo"], training=False)
+    assert cfg.parallel.device == "cuda"  # auto with an explicit gloo: the workers share the GPU
+    worker.init_attempt_group(cfg)
+    (backend, kw), = groups
+    # the gloo group binds no device (its ranks share one GPU: launch/context.nccl_device_id)
+    assert chosen == [torch.device("cuda", 0)] and backend == "gloo" and kw["device_id"] is None

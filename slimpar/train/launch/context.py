@@ -33,18 +33,6 @@ class RunContext:
         return self.rank == 0
 
 
-def worker_device(cfg: Config) -> torch.device:
-    """This process's device, made current: the CPU, or the GPU of :func:`~slimpar.parallel.placement.gpu_index`
-    (its local rank's own; with gloo, local ranks share the GPUs in turn). Every path that starts a worker's
-    process group takes its device here (the launcher's attempt group too: it once took the local rank alone,
-    and rank 1 of two on one GPU over gloo failed with "invalid device ordinal")."""
-    if cfg.parallel.device != "cuda":
-        return torch.device("cpu")
-    device = torch.device("cuda", gpu_index(local_rank(), torch.cuda.device_count(), cfg.parallel.backend))
-    torch.cuda.set_device(device)
-    return device
-
-
 def nccl_device_id(backend: str, device: torch.device) -> torch.device | None:
     """``init_process_group``'s ``device_id``: the GPU an NCCL group binds to (eager start, ncclCommSplit for
     sub-groups); None for gloo, whose ranks may share one GPU."""
@@ -62,13 +50,28 @@ def init_context(cfg: Config, out_dir: Path) -> RunContext:
     timeout = timedelta(seconds=cfg.parallel.timeout_s)
     if world > 1 or cfg.parallel.mode not in ("single",):
         if not dist.is_initialized() and "MASTER_ADDR" in os.environ:
-            backend = cfg.parallel.backend
-            if backend == "auto":
-                backend = "nccl" if device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, device_id=nccl_device_id(backend, device), timeout=timeout)
+            dist.init_process_group(cfg.parallel.backend, device_id=nccl_device_id(cfg.parallel.backend, device),
+                                    timeout=timeout)
         if dist.is_initialized():
             group = dist.group.WORLD
     return RunContext(rank=rank, world=world, device=device, out_dir=out_dir, group=group, timeout=timeout)
+
+
+def worker_device(cfg: Config) -> torch.device:
+    """The device this worker trains on, made current: on CUDA this machine's GPU number ``local_rank`` (LOCAL_RANK,
+    or SLURM_LOCALID under srun), or the GPUs in turn where gloo workers share them.
+
+    Every path that starts a worker's process group takes its device here: the launcher's attempt group once took
+    the local rank alone, and rank 1 of two on one GPU over gloo failed with "invalid device ordinal" (H200).
+    ``cfg`` must be resolved (slimpar.train.validate.device): an ``auto`` here would train on the CPU unasked."""
+    p = cfg.parallel
+    if "auto" in (p.device, p.backend):
+        raise ValueError("a worker needs a resolved parallel.device and parallel.backend (resolve_device)")
+    if p.device != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", gpu_index(local_rank(), torch.cuda.device_count(), p.backend))
+    torch.cuda.set_device(device)
+    return device
 
 
 def _share_cores(world: int) -> None:

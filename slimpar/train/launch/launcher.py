@@ -1,4 +1,4 @@
-"""Start a training job: in this process, under an existing torchrun group, or as local CPU workers
+"""Start a training job: in this process, under an existing torchrun group, or as local workers (CPU or GPU)
 through torch's own elastic launcher (the machinery behind torchrun).
 
 Resuming is the default: a run folder that holds a complete checkpoint continues from it

@@ -180,13 +180,12 @@ def init_attempt_group(cfg: Config) -> None:
     if world == 1 and cfg.parallel.mode == "single":
         return
     timeout = timedelta(seconds=cfg.parallel.timeout_s)
-    device = worker_device(cfg)
-    backend = cfg.parallel.backend if cfg.parallel.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    device = worker_device(cfg)  # the same GPU init_context binds (gloo workers may share one)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
                           timeout=timeout)
     store = dist.PrefixStore(f"{ATTEMPT_PREFIX}{restart_count()}", store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout,
-                            device_id=nccl_device_id(backend, device))
+    dist.init_process_group(cfg.parallel.backend, store=store, rank=rank, world_size=world, timeout=timeout,
+                            device_id=nccl_device_id(cfg.parallel.backend, device))
 
 
 def disk_full(e: BaseException) -> bool:

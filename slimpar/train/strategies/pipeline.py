@@ -45,8 +45,9 @@ from slimpar.train.strategies.pipeline_specs import codec_specs
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
-def build_run_stages(cfg, model, which: list[int]) -> list:
-    """Stage modules ``which`` of the run's pipeline (codecs from the config), as training builds them."""
+def build_run_stages(cfg, model, which: list[int], device_type: str) -> list:
+    """Stage modules ``which`` of the run's pipeline (codecs from the config), as training builds them, for
+    ``device_type``, where their bf16 forward autocasts (the context's device, as resolved at start-up)."""
     from slimpar.parallel.ac import apply_ac
     from slimpar.parallel.compile import apply_compile
     from slimpar.parallel.precision import DTYPES, autocast_forward
@@ -61,7 +62,7 @@ def build_run_stages(cfg, model, which: list[int]) -> list:
             apply_compile(s.model.layers, cfg.train.compile_backend)
     if cfg.train.dtype == "bf16":  # the schedule calls the stage: autocast its blocks, keep its codecs in fp32
         for s in stages:
-            autocast_forward(s.model, cfg.parallel.device, DTYPES["bf16"])
+            autocast_forward(s.model, device_type, DTYPES["bf16"])
     return stages
 
 
@@ -91,7 +92,7 @@ class PipelineStrategy(PipelineStrategyBase):
         layout = PipelineLayout.of(cfg.pipeline.stages, ctx.world, ctx.rank)
         self.layout, self.ctx = layout, ctx
         self.groups = build_groups(layout, ctx.group, ctx.timeout)
-        stage = build_run_stages(cfg, model, [layout.stage])[0].to(ctx.device)
+        stage = build_run_stages(cfg, model, [layout.stage], ctx.device.type)[0].to(ctx.device)
         super().__init__(cfg, [stage], layout.replica, layout.replicas)
         mb = cfg.train.batch_size // layout.replicas // cfg.pipeline.microbatches
         self.pp_stage = CodecPipelineStage(stage, (mb, cfg.data.seq_len), model.cfg.vocab_size, ctx.device,
@@ -231,7 +232,8 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
 
     def __init__(self, cfg, model, ctx):
         self.model_dim, self.ctx = model.cfg.dim, ctx
-        stages = [s.to(ctx.device) for s in build_run_stages(cfg, model, list(range(cfg.pipeline.stages)))]
+        stages = [s.to(ctx.device) for s in build_run_stages(cfg, model, list(range(cfg.pipeline.stages)),
+                                                             ctx.device.type)]
         super().__init__(cfg, stages, 0, 1)
         pc = cfg.pipeline
         self.pipe = VirtualPipeline(stages, self.counter, loss_fn, pc.sync_dtype, pc.tied_sync_dtype)

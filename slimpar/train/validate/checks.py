@@ -13,6 +13,7 @@ from slimpar.config import check_choice as _choice
 from slimpar.data.vocab import config_vocab_size
 from slimpar.parallel.compile import BACKENDS as COMPILE_BACKENDS
 from slimpar.train.sinks.trackers import check_trackers
+from slimpar.train.validate.device import local_workers, resolve_device, visible_gpus
 from slimpar.train.validate.limits import check_backend, check_memory_floor, check_writable
 from slimpar.train.validate.ranges import Range
 
@@ -22,10 +23,12 @@ MODES = ("single", "ddp", "fsdp", "sdp", "pipeline")
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
                     training: bool = True, data: bool = True) -> Config:
-    """Load a run config (defaults < TOML < overrides) and check every rule: what the CLI calls.
-    ``training=False`` (``slimpar plan``) skips the rules only a training run needs (the batch split);
-    ``data=False`` (a memory prediction) does not ask for the corpus and tokenizer to be installed."""
+    """Load a run config (defaults < TOML < overrides), resolve its device for this machine and check every rule:
+    what the CLI calls. ``training=False`` (``slimpar plan``) skips the rules only a training run needs (the batch
+    split); a plan's device matters to nothing it prints, so ``auto`` resolves without a word. ``data=False`` (a
+    memory prediction) does not ask for the corpus and tokenizer to be installed."""
     cfg = load_config(path, overrides)
+    resolve_device(cfg)
     validate(cfg, training=training, data=data)
     return cfg
 
@@ -123,8 +126,10 @@ def validate(cfg: Config, *, training: bool = True, data: bool = True) -> None:
     m, d, t, p = cfg.model, cfg.data, cfg.train, cfg.parallel
     _choice("model.arch", m.arch, ARCHS)
     _choice("parallel.mode", p.mode, MODES)
-    _choice("parallel.device", p.device, ("cpu", "cuda"))
+    _choice("parallel.device", p.device, ("auto", "cpu", "cuda"))
     _choice("parallel.backend", p.backend, ("auto", "gloo", "nccl"))
+    if "auto" in (p.device, p.backend):  # a caller's bug, not the user's: the checks below read the machine's choice
+        raise ValueError("validate() needs a resolved config: call slimpar.train.validate.device.resolve_device")
     _choice("data.kind", d.kind, ("text", "images"))
     _choice("train.dtype", t.dtype, ("fp32", "bf16"))
     _choice("train.compile_backend", t.compile_backend, COMPILE_BACKENDS)
@@ -168,20 +173,15 @@ def validate(cfg: Config, *, training: bool = True, data: bool = True) -> None:
 
 
 def _check_local_gpus(cfg: Config) -> None:
-    """One GPU per worker process on this machine: under torchrun its LOCAL_WORLD_SIZE, under a bare srun its tasks
-    on this node, one for an in-process run, else every worker (slimpar's own launcher). Never the job's total:
-    two nodes of four GPUs run eight workers. With ``parallel.backend`` gloo the workers may share one GPU."""
-    import torch
-
-    from slimpar.parallel.placement import local_world_size
-    from slimpar.train.validate.processes import runs_in_process
-
-    local = 1 if runs_in_process(cfg) else local_world_size(default=cfg.parallel.workers)
+    """One GPU per worker process on this machine (:func:`~slimpar.train.validate.device.local_workers`); with
+    ``parallel.backend`` gloo the workers may share one GPU."""
+    local = local_workers(cfg)
     if cfg.parallel.backend == "gloo":  # gloo's ranks can share a GPU (parallel/placement.gpu_index)
         local = min(local, 1)
-    if torch.cuda.device_count() < local:
+    gpus = visible_gpus()
+    if gpus < local:
         raise ConfigError(f"parallel.device = 'cuda' runs {local} worker process(es) on this machine, one GPU each; "
-                          f"it has {torch.cuda.device_count()} GPUs (use --parallel.device cpu)")
+                          f"it has {gpus} GPUs (use --parallel.device cpu, or auto)")
 
 
 def _validate_model(cfg: Config) -> None:

@@ -30,11 +30,12 @@ def check_backend(cfg: Config) -> None:
     if p.backend != "nccl":
         return
     if p.device != "cuda":
-        raise ConfigError("parallel.backend = 'nccl' needs --parallel.device cuda (NCCL runs on GPUs); on CPU use "
-                          "--parallel.backend gloo (or auto)")
+        raise ConfigError("parallel.backend = 'nccl' runs on GPUs, and this run's device is the CPU (parallel.device "
+                          "cpu, or auto on a machine without a GPU): use --parallel.backend gloo (or auto), or "
+                          "--parallel.device cuda on a GPU machine")
     import torch.distributed as dist
 
-    if not dist.is_nccl_available():
+    if not dist.is_nccl_available() and not runs_in_process(cfg):  # one process makes no group: it needs no NCCL
         raise ConfigError("parallel.backend = 'nccl': this torch build has no NCCL; use --parallel.backend gloo")
 
 
