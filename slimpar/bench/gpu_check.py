@@ -60,8 +60,9 @@ VIRTUAL_PIPELINE = ["--model.tie_embeddings", "false", "--parallel.mode", "pipel
 ROWS = [
     GpuRow("env and data", "the GPU, driver, torch, CUDA and NCCL versions; the corpus tokenized once for the rest",
            [sys.executable, "-m", "slimpar.bench.gpu_check", "env", "{corpus}"], 25),
-    GpuRow("torchrun DDP, NCCL", "1 rank under torchrun: NCCL collectives of the trainer, guard and evaluation",
-           _torchrun("--parallel.mode", "ddp", "--train.dtype", "bf16"), 35),
+    GpuRow("torchrun DDP, NCCL, device auto", "1 rank under torchrun with parallel.device auto (CUDA and NCCL "
+           "expected): NCCL collectives of the trainer, guard and evaluation",
+           _torchrun("--parallel.mode", "ddp", "--train.dtype", "bf16", "--parallel.device", "auto"), 35),
     GpuRow("torchrun SDP, NCCL, DCP resume", "SDP under torchrun on NCCL, stopped with a checkpoint and resumed",
            _torchrun(*SDP1, "--train.stop_after", "6"), 70, then=_torchrun(*SDP1)),
     GpuRow("launcher DDP, 2 ranks, cuda:gloo", "slimpar's own launcher (torch's elastic agent) and DDP on one GPU",
@@ -163,6 +164,9 @@ def _numbers(folder: Path, tail: str) -> dict:
     elif (folder / "metrics.jsonl").exists():
         lines = (folder / "metrics.jsonl").read_text().splitlines()
         found["partial"] = json.loads(lines[-1]) if lines else {}
+    more = {f.parent.name: _numbers(f.parent, "")["summary"] for f in sorted(folder.glob("*/summary.json"))}
+    if more:  # a row's second run in a folder of its own (``--out {out}/none``)
+        found["more"] = more
     if (folder / "results.json").exists():
         found["results"] = json.loads((folder / "results.json").read_text())
     printed = [_json_object(line) for line in tail.splitlines()]
