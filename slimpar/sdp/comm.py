@@ -21,6 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from slimpar.parallel.device import recv, send
 from slimpar.parallel.groups import GroupFactory
 
 Key = tuple[int, ...]
@@ -88,9 +89,9 @@ class GroupComm:
         if src == dst or self.shard:
             return
         if self.worker == src:
-            dist.send(t, group=self.parent, group_dst=dst * self.fsdp)
+            send(t, self.parent, dst * self.fsdp)  # through the host over gloo (parallel/device.py)
         elif self.worker == dst:
-            dist.recv(t, group=self.parent, group_src=src * self.fsdp)
+            recv(t, self.parent, src * self.fsdp)
 
 
 class LocalComm:

@@ -98,6 +98,19 @@ def test_an_explicit_cpu_wins_over_standin_gpus(monkeypatch):
     assert (cfg.parallel.device, cfg.parallel.backend) == ("cpu", "gloo")
 
 
+def test_a_pipeline_on_gpus_over_gloo_is_refused_before_it_starts(monkeypatch):
+    """gloo sends from host memory only (the H200's 4 cuda:gloo SDP ranks: "writev: Bad address"): SDP's sends go
+    through the host (parallel/device.send), a pipeline's stages need NCCL; all its stages in one process need none."""
+    standin_gpus(monkeypatch, 1)
+    pipe = ["--parallel.mode", "pipeline", "--pipeline.stages", "2", "--parallel.workers", "2",
+            "--parallel.backend", "gloo"]
+    with pytest.raises(ConfigError, match="gloo does from host memory only"):
+        load_run_config(TINY, pipe, training=False)
+    cfg = load_run_config(TINY, [*pipe[:-4], "--parallel.backend", "gloo", "--pipeline.virtual", "true"],
+                          training=False)
+    assert cfg.parallel.device == "cuda"
+
+
 def test_nccl_on_a_machine_without_gpus_names_the_fix():
     with pytest.raises(ConfigError, match="runs on GPUs.*--parallel.backend gloo"):
         load_run_config(TINY, [*DDP4, "--parallel.backend", "nccl"], training=False)

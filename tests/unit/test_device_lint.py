@@ -13,8 +13,10 @@ list honest without running anything:
    (``torch.stack(xs) if xs else torch.zeros(())``) passes ``device=`` (or is host bookkeeping, listed in
    :data:`HOST_BRANCHES`), and a device read off a possibly empty
    iterable (``next((p.device for p in ps), ...)``, or ``torch.device("cpu")`` as a fallback) is listed in
-   :data:`FALLBACKS` with why the CPU is right there (issue 46: the pipeline's clip stacked a CPU zero, made for
-   an empty list of projectors, with device scalars).
+   :data:`FALLBACKS` with why the CPU is right there (the pipeline's clip stacked a CPU zero, made for an empty
+   list of projectors, with device scalars);
+5. point to point goes through ``parallel/device.send`` / ``recv`` (which stage a GPU tensor through the host
+   where the group is gloo's), except at the pipeline's links, listed in :data:`P2P_AS_IS`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ COMM = {"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "redu
 FACTORIES = {"tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint", "eye", "linspace",
              "as_tensor"}
 SITES = {  # "file::function": where the tensors that enter its collectives live
+    "slimpar/parallel/device.py::send": "moved to group_device(group): gloo's sends take host tensors only",
+    "slimpar/parallel/device.py::recv": "a buffer on group_device(group), copied into the caller's tensor",
     "slimpar/parallel/average.py::average_grads": "gradients: on the model's device",
     "slimpar/pipeline/evaluate.py::all_reduce_sum.reduce": "moved to the device it is given (the run's)",
     "slimpar/pipeline/stage.py::CodecPipelineStage._ops": "codec messages from device activations; receive "
@@ -42,8 +46,6 @@ SITES = {  # "file::function": where the tensors that enter its collectives live
     "slimpar/sdp/comm.py::GroupComm.all_gather": "fingerprints made on HolderSync.device",
     "slimpar/sdp/comm.py::GroupComm.sum_all": "the clip's squared norms, on the gradients' device",
     "slimpar/sdp/comm.py::GroupComm.broadcast_from": "the gathered model, materialized on the device asked",
-    "slimpar/sdp/comm.py::GroupComm.send_to": "the same, sent to one worker",
-    "slimpar/train/checkpoint/sdp.py::SDPFullState._assemble": "slices of the state dicts, buffers on ref.device",
     "slimpar/train/evaluate.py::_eval_split": "sums on the model's device",
     "slimpar/train/guard.py::StepGuard.check": "group_device(group): made there, or moved there (_values)",
     "slimpar/train/launch/preempt.py::StopRequest.agreed": "the run's device, passed in",
@@ -54,6 +56,19 @@ SITES = {  # "file::function": where the tensors that enter its collectives live
     "slimpar/train/strategies/pipeline.py::PipelineStrategy._touched_rows": "mask on the rows' device",
     "slimpar/train/strategies/pipeline.py::PipelineStrategy._sum_pipeline": "moved to ctx.device",
     "slimpar/train/strategies/pipeline.py::PipelineStrategy.reduce_loss": "created on ctx.device",
+}
+P2P = {"send", "recv", "isend", "irecv", "batch_isend_irecv", "P2POp"}
+# Point-to-point sites that send the run's device tensors as they are. gloo's sends take host tensors only (4
+# cuda:gloo SDP ranks on one H200 failed in the evaluation gather: "writev: Bad address"); every other site sends
+# through parallel/device.send / recv, which stage through the host where the group is gloo's.
+P2P_AS_IS = {
+    "slimpar/pipeline/stage.py::CodecPipelineStage._ops": "pipelines: CUDA stages need NCCL (validate/limits.py "
+                                                         "refuses cuda:gloo pipelines)",
+    "slimpar/pipeline/wire.py::P2PLink.isend": "the same",
+    "slimpar/pipeline/wire.py::P2PLink.irecv": "the same",
+    "slimpar/pipeline/wire.py::P2PLink.exchange": "the same",
+    "slimpar/parallel/device.py::send": "the staging itself",
+    "slimpar/parallel/device.py::recv": "the staging itself",
 }
 FALLBACKS = {  # "file::function": a device read off a possibly empty iterable, and why the CPU is right when empty
     "slimpar/train/guard.py::_device_of": "no tensor at all (one process, a float loss and norm): everything the "
@@ -80,6 +95,7 @@ class _Sites(ast.NodeVisitor):
         self.factories: dict[str, list[int]] = {}
         self.fallback_factories: dict[str, list[int]] = {}  # item 4: a factory as a conditional's branch
         self.device_fallbacks: dict[str, list[int]] = {}  # item 4: a device read off a possibly empty iterable
+        self.p2p: dict[str, list[int]] = {}  # item 5: point-to-point calls
 
     def _scoped(self, node) -> None:
         self.scope.append(node.name)
@@ -93,6 +109,8 @@ class _Sites(ast.NodeVisitor):
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
             if f.value.id == "dist" and f.attr in COMM:
                 self.calls.setdefault(where, []).append(node.lineno)
+            if f.value.id == "dist" and f.attr in P2P:
+                self.p2p.setdefault(where, []).append(node.lineno)
             if _hostless_factory(node):
                 self.factories.setdefault(where, []).append(node.lineno)
         if isinstance(f, ast.Name) and f.id == "next" and len(node.args) == 2 and (
@@ -181,3 +199,11 @@ def test_devices_read_off_possibly_empty_iterables_are_listed():
     listed with why its fallback is right (a new one fails here until it is)."""
     found = {f"{rel}::{k}": v for rel, _, sites in _files() for k, v in sites.device_fallbacks.items()}
     assert sorted(found) == sorted(FALLBACKS), f"device fallbacks found: {found}; listed: {sorted(FALLBACKS)}"
+
+
+def test_point_to_point_stages_gpu_tensors_for_gloo():
+    """Item 5: a ``dist.send`` of a CUDA tensor over gloo fails in its TCP transport; outside the pipeline's links
+    (NCCL on a GPU) every point-to-point call is parallel/device's, which sends from the group's device."""
+    p2p = {f"{rel}::{k}": v for rel, _, sites in _files() for k, v in sites.p2p.items()}
+    unlisted = {site: lines for site, lines in p2p.items() if site not in P2P_AS_IS}
+    assert not unlisted, f"point to point outside parallel/device.send / recv: {unlisted}"

@@ -39,9 +39,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from slimpar.parallel.device import recv, send
 from slimpar.train.checkpoint.safe_dcp import dcp_load
 from slimpar.train.checkpoint.sdp_pieces import (
     _piece,
@@ -96,9 +96,9 @@ class SDPFullState:
                 piece = torch.empty(shape, dtype=ref.dtype, device=ref.device)
             if group is not None and src != writer:  # point to point: only the writer needs it
                 if rank == src:
-                    dist.send(piece, group=group, group_dst=writer * fsdp)
+                    send(piece, group, writer * fsdp)  # through the host over gloo (parallel/device.py)
                 elif rank == writer:
-                    dist.recv(piece, group=group, group_src=src * fsdp)
+                    recv(piece, group, src * fsdp)
             if rank == writer:
                 out[(name, stat)].narrow(dim, start, stop - start).copy_(piece)
         return out
