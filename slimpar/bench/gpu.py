@@ -36,7 +36,8 @@ ROWS = {"DDP (full model)": None, "B-SDP 0.69": ("block", 0.69, "forward"), "B-S
 def probe_row(size: str, row, device: torch.device, batch: int, seq: int, workers: int = 8, steps: int = 3,
               vocab: int = 32000) -> dict:
     torch.manual_seed(0)
-    model = Llama(LlamaConfig.named(size, vocab_size=vocab, tie_embeddings=False))
+    with torch.device(device):  # built where it trains: a 134M init on the host took seconds a row (H200 check)
+        model = Llama(LlamaConfig.named(size, vocab_size=vocab, tie_embeddings=False))
     if row is not None:
         level, keep, regime = row
         plan = (plan_blocks if level == "block" else plan_neurons)(model, workers, keep)
@@ -98,22 +99,27 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--predict", action="store_true", help="also predict each row with slimpar plan --memory")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    results = {name: probe_row(args.size, row, device, args.batch, args.seq) for name, row in ROWS.items()}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = metadata({"size": args.size, "device": str(device), "batch": args.batch, "seq": args.seq,
+                     "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None})
+    results: dict = {}
+    for name, row in ROWS.items():  # results.json after every number: a run cut short keeps what it measured
+        results[name] = probe_row(args.size, row, device, args.batch, args.seq)
+        write_json(out / "results.json", {"meta": meta, "rows": results})
+        print(f"[gpu probe] {name}: measured", flush=True)
     if args.predict:
         for name, row in ROWS.items():
             results[name]["predicted_peak_bytes"] = predicted_peak(args.size, row, args.batch, args.seq,
                                                                    device.type == "cuda")
+            write_json(out / "results.json", {"meta": meta, "rows": results})
+            print(f"[gpu probe] {name}: predicted", flush=True)
     key = "cuda_max_allocated_bytes" if device.type == "cuda" else "tracker_peak_bytes"
     base = results["DDP (full model)"][key]
     rows = [[name, f"{r[key] / 2**30:.3f}", f"{r['tracker_peak_bytes'] / 2**30:.3f}", f"{r[key] / base:.2f}",
              f"{r['step_s']:.3f}", _gib(r.get("predicted_peak_bytes")),
              f"{r[key] / r['predicted_peak_bytes']:.2f}" if r.get("predicted_peak_bytes") else "–"]
             for name, r in results.items()]
-    meta = metadata({"size": args.size, "device": str(device), "batch": args.batch, "seq": args.seq,
-                     "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "results.json", {"meta": meta, "rows": results})
     table = markdown_table([f"row ({args.size}, worker 0 of 8)", f"{key} (GiB)", "tracker peak (GiB)", "× DDP",
                             "step (s)", "plan --memory (GiB)", "measured / predicted"], rows)
     (out / "report.md").write_text(f"# GPU memory probe\n\n{meta}\n\n{table}\n")
