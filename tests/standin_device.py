@@ -51,8 +51,8 @@ def _host_scalar_mix(func, tensors: list[torch.Tensor], device: torch.device) ->
     """A 0-dim CPU tensor beside ``device`` tensors in an operator CUDA refuses it in. FakeTensorMode exempts such
     a scalar in every operator; CUDA only in elementwise ones (a TensorIterator operand): ``stack``, ``cat``,
     indexing and matrix products refuse it (\"Expected all tensors to be on the same device\")."""
-    if func._schema.name in _MOVES or torch.Tag.pointwise in func.tags:
-        return False
+    if device.type == "cpu" or func._schema.name in _MOVES or torch.Tag.pointwise in func.tags:
+        return False  # a rule run on the CPU itself (tests/unit/test_sdp_eval_memory.py) has nothing to mix
     types = {t.device.type for t in tensors}
     return device.type in types and "cpu" in types
 

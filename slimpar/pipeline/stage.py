@@ -52,6 +52,8 @@ class CodecPipelineStage(PipelineStage):
     # -- forward ----------------------------------------------------------------------------------
     def forward_one_chunk(self, fwd_chunk_id: int, args, kwargs=None, save_forward_output: bool = True):
         self.module.context.microbatch = fwd_chunk_id  # the codec halves stash / read by microbatch
+        if self.is_first and args:  # torch 2.11 checks strides too: a slice such as data[:, :-1] is refused
+            args = tuple(a.contiguous() if isinstance(a, Tensor) else a for a in args)
         return super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
 
     def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:

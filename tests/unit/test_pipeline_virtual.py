@@ -60,7 +60,7 @@ def _train_virtual(data, cfg, steps: int):
     for step in range(steps):
         _set_lr(opt, cfg, step, steps)
         opt.zero_grad(set_to_none=True)
-        losses.append(strat.train_step(step, _batch_fn(data, cfg)))
+        losses.append(float(strat.train_step(step, _batch_fn(data, cfg))))  # a device tensor (one host read a step)
         strat.after_backward()
         strat.clip_grad_norm(cfg.train.grad_clip)
         opt.step()

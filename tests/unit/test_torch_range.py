@@ -66,14 +66,13 @@ def test_ddp_buffer_sync_uses_the_keyword_this_torch_has(monkeypatch):
     assert compat.ddp_buffer_sync(False) == {"broadcast_buffers": False}
 
 
-def test_a_torch_without_shutdown_timeout_gets_a_launch_config_and_a_grace_inside_its_wait(monkeypatch, capsys):
+def test_a_torch_without_shutdown_timeout_gets_a_launch_config_and_a_grace_inside_its_wait(monkeypatch):
     fields = compat._launch_config_fields()
     monkeypatch.setattr(compat, "_launch_config_fields", lambda: fields - {"shutdown_timeout"})  # torch 2.11
     lc = compat.launch_config(45, min_nodes=1, max_nodes=1, nproc_per_node=2)
     assert lc.nproc_per_node == 2 and compat.agent_shutdown_s(45) == compat.AGENT_SHUTDOWN_FIXED_S
     cfg = launcher._grace_within_agent_wait(load_config(TINY))  # on_signal_s 30 + a 15 s margin > the fixed 30 s
     assert cfg.checkpoint.on_signal_s == compat.AGENT_SHUTDOWN_FIXED_S - launcher.SHUTDOWN_MARGIN_S
-    assert "waits 30 s for stopped workers" in capsys.readouterr().err
     monkeypatch.setattr(compat, "_launch_config_fields", lambda: fields | {"shutdown_timeout"})  # torch >= 2.12
     assert launcher._grace_within_agent_wait(load_config(TINY)).checkpoint.on_signal_s == 30.0
 

@@ -156,19 +156,17 @@ def _grace_within_agent_wait(cfg: Config) -> Config:
 
     A torch without ``LaunchConfig.shutdown_timeout`` (before 2.12: parallel/compat.py) waits a fixed 30 s and
     then SIGKILLs the workers; their grace is shortened to end ``SHUTDOWN_MARGIN_S`` before that, so a stop
-    still ends with each worker's own closing line (saved, or out of time), and the launcher says so once."""
+    still ends with each worker's own closing line (saved, or out of time after the grace it really had). Not
+    said at launch: on such a torch every run would print it (docs/training.md, "Which torch", says it once)."""
     from slimpar.parallel.compat import agent_shutdown_s
 
     wanted = math.ceil(cfg.checkpoint.on_signal_s) + SHUTDOWN_MARGIN_S
     wait = agent_shutdown_s(wanted)
     if wait >= wanted:
         return cfg
-    grace = max(wait - SHUTDOWN_MARGIN_S, 1)
-    print(f"slimpar: note: this torch's elastic agent waits {wait} s for stopped workers (torch 2.12 made that "
-          f"settable), so a stop signal leaves them {grace} s to save, not checkpoint.on_signal_s "
-          f"{cfg.checkpoint.on_signal_s:g} s", file=sys.stderr, flush=True)
     tree = to_dict(cfg)
-    return from_dict({**tree, "checkpoint": {**tree["checkpoint"], "on_signal_s": float(grace)}})
+    grace = float(max(wait - SHUTDOWN_MARGIN_S, 1))
+    return from_dict({**tree, "checkpoint": {**tree["checkpoint"], "on_signal_s": grace}})
 
 
 def _agent_run(cfg: Config, out_dir: Path) -> None:
