@@ -42,6 +42,7 @@ from slimpar.train.sinks.metrics import (
 )
 from slimpar.train.sinks.progress import TrainProgress
 from slimpar.train.sinks.trackers import build_sinks
+from slimpar.train.speed import speed_fields
 from slimpar.train.strategies import build_strategy
 
 
@@ -262,6 +263,8 @@ class Trainer:
             **(merge_ranks(per_rank) if per_rank and per_rank[0] is not None else {}),
             "step_time_s": st,
             "tokens_per_s": self.items_per_step / st if st else None,
+            **speed_fields(cfg, getattr(self.data, "vocab_size", None), self.items_per_step / st if st else None,
+                           ctx.device, ctx.world),
             **self.strategy.summary_extras(),
             **({"compile": merge_watches([r.get("compile") for r in per_rank if r])} if cfg.train.compile else {}),
             "world_size": ctx.world,
