@@ -36,3 +36,34 @@ def test_no_graph_breaks_and_no_recompiles_after_step_two(tmp_path, mode):
     assert counts["graph_breaks"] == 0, counts["graph_break_reasons"]
     assert counts["graphs_after_warmup"] == 0, counts
     assert all(r["compile"]["graphs"] >= 1 for r in summary(tmp_path)["per_rank"])  # it did compile
+
+
+def test_compiled_blocks_run_after_the_instrumented_step(tmp_path, monkeypatch):
+    """The instrumented step (a dispatch mode) runs eager; before the fix dynamo then gave up on the blocks' code
+    and every later step ran eager too (the trainer kept none of compile's gain)."""
+    import torch
+
+    import slimpar.parallel.compile as compile_module
+    from slimpar.train.launch.context import RunContext
+    from slimpar.train.trainer import Trainer
+    from slimpar.train.validate.checks import load_run_config
+    from tests.helpers import TINY
+
+    calls: list[int] = []
+
+    def backend(gm, inputs):
+        def run(*args):
+            calls.append(1)
+            return gm.forward(*args)
+        return run
+
+    monkeypatch.setattr(compile_module, "apply_compile",
+                        lambda blocks, _backend: [b.compile(backend=backend) for b in blocks.values()])
+    cfg = load_run_config(TINY, [*STEPS, "--train.steps", "5"])  # step 3 of 5 is instrumented (log.measure_step 2)
+    trainer = Trainer(cfg, RunContext(0, 1, torch.device("cpu"), tmp_path, None))
+    per_step: list[int] = []
+    after = trainer._after_step
+    monkeypatch.setattr(trainer, "_after_step", lambda step, *a: (per_step.append(len(calls)), after(step, *a)))
+    trainer.run()
+    blocks = 4
+    assert per_step == [blocks, 2 * blocks, 2 * blocks, 3 * blocks, 4 * blocks]
