@@ -12,12 +12,15 @@ Step time is the median over the steps after the warm-up (compilation happens th
 ends with ``torch.cuda.synchronize``, and the trainer synchronizes each step itself (its metrics.jsonl). The
 trainer's instrumented step (``log.measure_step``, the third) falls inside the warm-up. ``ratio`` is a row's step
 time over the plain compiled loop's. Aten ops per step: a plain step after the warm-up under ``SyncCounter``; a
-trainer row's instrumented step (summary.json's ``per_rank[0].aten_ops``). MFU: ``slimpar.parallel.flops``.
+trainer row's instrumented step (summary.json's ``per_rank[0].aten_ops``). Both run eager, compiled rows included
+(dynamo steps aside under a dispatch mode), so they count the eager step's ops, not a compiled step's kernels.
+MFU: ``slimpar.parallel.flops``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -136,8 +139,10 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
             f"`{meta['git_commit']}`, torch {meta['versions']['torch']}; LLaMA {s['size']} (untied), batch "
             f"{s['batch']} x {s['seq']}, vocabulary {s['vocab']}, {meta['dtype']}, compile backend "
             f"{meta['backend']}; median of {s['steps']} steps after {s['warmup']} of warm-up. MFU: "
-            f"{meta['mfu_note']}. Peak memory: CUDA's allocator on a GPU; on a CPU the trainer's exact accounting "
-            f"(none for the plain loop).\n\n{table}\n")
+            f"{meta['mfu_note']}. Load (1 min) at start and end: {meta['load_1m'][0]:.1f}, {meta['load_1m'][1]:.1f} "
+            f"on {meta['cpus']} CPUs. Peak memory: CUDA's allocator on a GPU; on a CPU the trainer's exact accounting "
+            f"(none for the plain loop). Aten ops: one step counted eagerly, compiled rows too (dynamo steps aside "
+            f"under the counter's dispatch mode).\n\n{table}\n")
 
 
 def _mib(b) -> str:
@@ -150,6 +155,7 @@ def bench_throughput(out: Path, size: str = "tiny", device: str = "cpu", quick: 
     from slimpar.bench.gpu_check import corpus
 
     shape, dev = Shape.of(size, quick), torch.device(device)
+    load = [os.getloadavg()[0]]  # a shared CPU's other jobs move CPU timings: the report gives the load
     out.mkdir(parents=True, exist_ok=True)
     rows = {"plain eager": plain_row(shape, dev, None), "plain compiled": plain_row(shape, dev, backend)}
     (out / "runs").mkdir(exist_ok=True)
@@ -157,9 +163,11 @@ def bench_throughput(out: Path, size: str = "tiny", device: str = "cpu", quick: 
     for name in TRAIN_ROWS:
         rows[name] = train_row(name, shape, device, text, backend, out)
     lines = finish(rows, shape, dev)
+    load.append(os.getloadavg()[0])
     meta = metadata({"shape": shape.__dict__, "device": device, "backend": backend, "quick": quick,
                      "dtype": "bf16 autocast" if device == "cuda" else "fp32",
                      "device_name": torch.cuda.get_device_name(dev) if device == "cuda" else "CPU",
+                     "load_1m": load,
                      "mfu_note": peak_bf16(torch.cuda.get_device_name(dev) if device == "cuda" else None).reason})
     data = {"meta": meta, "lines": lines}
     write_json(out / "results.json", data)
