@@ -304,7 +304,7 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
     b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock", "memory", "readme", "gpu",
-                                         "modes"],
+                                         "modes", "throughput"],
                    help="readme: write the measured blocks of README.md and docs/results from the committed results "
                         "(no --out)")
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
@@ -330,6 +330,9 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                         "(default 2; 0 with --quick)")
     b.add_argument("--no-links", dest="links", action="store_false",
                    help="sdp/mapl: skip the runs over throttled links (slimpar bench wallclock measures links)")
+    b.add_argument("--size", default="tiny", help="throughput: the LLaMA size (tiny on a CPU; 134m on a GPU)")
+    b.add_argument("--compile-backend", default="inductor", choices=["inductor", "aot_eager", "eager"],
+                   help="throughput: the compiled rows' backend (aot_eager and eager only check graph capture)")
     b.add_argument("--seeds", default="0,1", help="sdp: seeds of the main rows (DDP, B-SDP 0.5, N-SDP 0.5)")
     b.set_defaults(func=_bench)
     return p

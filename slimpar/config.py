@@ -86,6 +86,9 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute each block's activations in backward
     compile: bool = False  # torch.compile every block (after activation checkpointing, before FSDP2 or SDP's sync)
     compile_backend: str = "inductor"  # inductor | aot_eager | eager (the last two check graph capture only)
+    # loss: the blocks and the loss over the vocabulary on its own (any mode); model: forward + loss as one graph
+    # (single, virtual SDP: no hook waits on a block's backward there); blocks keeps SDP's and DDP's overlap
+    compile_scope: str = "blocks"  # blocks | loss | model: what train.compile compiles
     # bf16: autocast around every training forward (CPU or GPU, every mode; pipeline codecs and SPEL stay fp32),
     # parameters, gradients and optimizer state stay fp32; FSDP2 also gathers bf16 parameters and reduces in fp32
     dtype: str = "fp32"  # fp32 | bf16

@@ -1,4 +1,5 @@
-"""``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR``, ``slimpar bench gpu [--device cpu]`` (the device
+"""``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR``, ``slimpar bench throughput --out DIR [--size
+134m] [--device cuda] [--quick]``, ``slimpar bench gpu [--device cpu]`` (the device
 check), ``slimpar bench plans --out DIR``,
 ``slimpar bench memory --out DIR`` (the paper's memory table, predicted) and ``slimpar bench readme [--check]``
 (the measured blocks of README.md and docs/results from the committed results)."""
@@ -24,7 +25,7 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     if args.device is None:
         import torch
 
-        args.device = "cuda" if args.which == "gpu" and torch.cuda.is_available() else "cpu"
+        args.device = "cuda" if args.which in ("gpu", "throughput") and torch.cuda.is_available() else "cpu"
     if args.which == "readme":
         if args.out:
             raise ConfigError("slimpar bench readme writes the measured blocks of README.md and docs/results "
@@ -80,6 +81,10 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
         data = bench_quality(out, args.quick, _names(args.rows), jobs=args.jobs, steps=steps,
                              report_only=args.report_only)
+    elif args.which == "throughput":
+        from slimpar.bench.throughput import bench_throughput
+
+        data = bench_throughput(out, args.size, args.device, args.quick, args.compile_backend)
     elif args.which == "modes":
         if args.device != "cpu":
             raise ConfigError("slimpar bench modes times every mode on the CPU; drop --device")

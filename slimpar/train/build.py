@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -91,6 +92,31 @@ def build_model(cfg: Config, data=None) -> nn.Module:
 def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean cross entropy for (B, T, V) LM logits or (B, C) class logits."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+
+
+def train_loss(cfg: Config | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The training loss, compiled on its own where ``train.compile_scope`` is ``loss``."""
+    if cfg is not None and cfg.train.compile and cfg.train.compile_scope == "loss":
+        from slimpar.parallel.compile import compiled_loss
+
+        return compiled_loss(loss_fn, cfg.train.compile_backend)
+    return loss_fn
+
+
+def forward_loss(cfg: Config | None, module: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``loss(module(x), y)``: one compiled graph where ``train.compile_scope`` is ``model``, else the module's
+    forward (its blocks compiled or not) and :func:`train_loss`."""
+    if cfg is not None and cfg.train.compile and cfg.train.compile_scope == "model":
+        from slimpar.parallel.compile import compiled_forward_loss
+
+        return compiled_forward_loss(module, loss_fn, cfg.train.compile_backend)
+    loss = train_loss(cfg)
+    return lambda x, y: loss(module(x), y)
+
+
+def compiles_blocks(cfg: Config) -> bool:
+    """Whether each block is compiled on its own (``train.compile`` in the scopes blocks and loss)."""
+    return cfg.train.compile and cfg.train.compile_scope != "model"
 
 
 def build_optimizer(named_params: list[tuple[str, nn.Parameter]], cfg: Config) -> torch.optim.Optimizer:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from slimpar.config import Config, to_dict
 from slimpar.data.shares import batch_share
 from slimpar.parallel.comm import StepInstrument
+from slimpar.parallel.compile import CompileWatch, merge_watches
 from slimpar.parallel.device import to_device
 from slimpar.train.build import build_data, build_model, eval_every, final_eval_config, lr_at, total_steps
 from slimpar.train.checkpoint.dcp import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -41,6 +42,7 @@ from slimpar.train.sinks.metrics import (
 )
 from slimpar.train.sinks.progress import TrainProgress
 from slimpar.train.sinks.trackers import build_sinks
+from slimpar.train.speed import speed_fields
 from slimpar.train.strategies import build_strategy
 
 
@@ -158,6 +160,8 @@ class Trainer:
         if ctx.is_main:
             record_membership(self.writer, ctx.out_dir, ctx.world, self.start)
         self.stop.arm()  # a stop signal now ends the run at the next step boundary, with a checkpoint there
+        watch = CompileWatch()
+        watch.start()
         for step in range(self.start, end):
             t0 = time.perf_counter()
             if step == measure_at:
@@ -171,10 +175,14 @@ class Trainer:
             if step != measure_at:
                 self.step_times.append(self.last_step_time[0])
             self.strategy.end_of_step(step)
+            if step == self.start + 1:  # compiled graphs after this one are recompiles (summary.json: compile)
+                watch.warm()
             self._after_step(step, loss, gnorm, progress)
             if self.guard.signal:  # agreed in the step's guard: every rank stops after this step or none does
                 self._stop(self.guard.signal, step + 1, progress)
         progress.close()
+        if cfg.train.compile and self.measured is not None:  # before evaluation, which compiles without grad
+            self.measured["compile"] = watch.record()
         if end < self.total:  # a planned stop: save and leave the rest to --resume
             path = save_checkpoint(ctx.out_dir, end, self.strategy.checkpoint_module, self.optimizer, ctx.rank,
                                    ctx.group, cfg.checkpoint.keep_last, checkpoint_layout(cfg))
@@ -255,7 +263,10 @@ class Trainer:
             **(merge_ranks(per_rank) if per_rank and per_rank[0] is not None else {}),
             "step_time_s": st,
             "tokens_per_s": self.items_per_step / st if st else None,
+            **speed_fields(cfg, getattr(self.data, "vocab_size", None), self.items_per_step / st if st else None,
+                           ctx.device, ctx.world),
             **self.strategy.summary_extras(),
+            **({"compile": merge_watches([r.get("compile") for r in per_rank if r])} if cfg.train.compile else {}),
             "world_size": ctx.world,
             "steps": self.total,
             "skipped_steps": self.guard.skipped,

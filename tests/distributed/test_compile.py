@@ -24,10 +24,16 @@ ONE_PROCESS = {
     "batched Bb-SDP": [*VIRTUAL_SDP, "--sdp.virtual_batched", "true", "--sdp.regime", "backward"],
     "virtual pipeline MAPL + RVQ": [*VIRTUAL_PIPELINE, "--pipeline.codec", "mapl", "--pipeline.rvq.levels", "2"],
     "virtual pipeline SSN": [*VIRTUAL_PIPELINE, "--pipeline.codec", "ssn"],
+    "single, compile_scope loss": ["--train.compile_scope", "loss"],
+    "single, compile_scope model": ["--train.compile_scope", "model"],
+    "virtual B-SDP, compile_scope model": [*VIRTUAL_SDP, "--train.compile_scope", "model"],
+    "batched Bb-SDP, compile_scope loss": [*VIRTUAL_SDP, "--sdp.virtual_batched", "true", "--sdp.regime", "backward",
+                                           "--train.compile_scope", "loss"],
 }
 PROCESSES = {
     "DDP": ["--parallel.mode", "ddp", "--parallel.workers", "2"],
     "B-SDP": ["--parallel.mode", "sdp", "--parallel.workers", "2"],
+    "DDP, compile_scope loss": ["--parallel.mode", "ddp", "--parallel.workers", "2", "--train.compile_scope", "loss"],
 }
 SLOW_PROCESSES = {
     "FSDP2": ["--parallel.mode", "fsdp", "--parallel.workers", "2"],
@@ -70,7 +76,8 @@ def _processes(tmp_path, overrides: list[str], backend: str) -> tuple[list[float
 
 
 # DDP across processes in -m slow (its model compiles as in "single"; B-SDP holds the cross-process hooks)
-@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m == "DDP" else m for m in PROCESSES])
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m == "DDP" else m
+                                  for m in PROCESSES])
 def test_compiled_equals_eager_across_processes(tmp_path, mode):
     _assert_equal_losses(*_processes(tmp_path, PROCESSES[mode], "aot_eager"))
 

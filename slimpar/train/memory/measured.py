@@ -19,7 +19,11 @@ def measured_step(step: Callable, model: torch.nn.Module, optimizer: torch.optim
               **memory.buffer_storages(model), **memory.grad_storages(model)}
     saved = memory.SavedActivations(exclude=memory.param_storages(model))
     rss0, wire0 = memory.reset_peak_rss(), wire_bytes_written()
-    with StepInstrument() as inst:
+    # eager under the instrument (a dispatch mode): dynamo, meeting the mode in a compiled block, would give up on
+    # that block's code for the rest of the process, and every later step would run eager (measured: a compiled
+    # run's blocks were not called again after the instrumented step); the stance runs this step eagerly and keeps
+    # the compiled graphs. torch.compiler.set_stance: torch 2.6, below slimpar's floor.
+    with torch.compiler.set_stance("force_eager"), StepInstrument() as inst:
         result = step(inst, saved)
     wire1, rss_peak = wire_bytes_written(), memory.peak_rss()
     grads = memory.grad_storages(model)

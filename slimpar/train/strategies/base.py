@@ -25,7 +25,7 @@ from torch import nn
 from slimpar.parallel.compat import ddp_buffer_sync
 from slimpar.parallel.device import group_device
 from slimpar.parallel.precision import fsdp_kwargs
-from slimpar.train.build import build_optimizer, loss_fn
+from slimpar.train.build import build_optimizer, compiles_blocks, forward_loss
 
 BatchFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (step, micro-batch) -> (inputs, targets)
 Recorder = Callable[[], contextlib.AbstractContextManager]  # wraps a forward (activation accounting)
@@ -45,6 +45,7 @@ class Strategy:
         self.cfg = cfg
         self.dp_rank = dist.get_rank(group) if group is not None else 0
         self.dp_world = dist.get_world_size(group) if group is not None else 1
+        self._forward_loss = None  # built at the first step, over the wrapped module (train.compile_scope)
 
     # -- parameters, optimizer, checkpoints ---------------------------------------------------------
     def parameters(self) -> list[nn.Parameter]:
@@ -78,10 +79,16 @@ class Strategy:
             sync = contextlib.nullcontext() if micro == acc - 1 else self.no_sync()
             with sync:
                 with record(), self.autocast():
-                    loss = loss_fn(self.module(x), y) / acc
+                    loss = self.forward_loss(x, y) / acc
                 loss.backward()
             total = total + loss.detach().double()
         return total
+
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss of ``self.module`` on (x, y), compiled as ``train.compile_scope`` says (build.forward_loss)."""
+        if self._forward_loss is None:
+            self._forward_loss = forward_loss(self.cfg, self.module)
+        return self._forward_loss(x, y)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.cfg is not None and self.cfg.train.dtype == "bf16":
@@ -224,7 +231,7 @@ def build_plain_strategy(cfg, model: nn.Module, ctx) -> Strategy:
 
     if cfg.train.activation_checkpointing:
         apply_ac(model_blocks(model))
-    if cfg.train.compile:
+    if compiles_blocks(cfg):
         apply_compile(model_blocks(model), cfg.train.compile_backend)
     model.to(ctx.device)
     if cfg.parallel.mode == "ddp":

@@ -37,7 +37,7 @@ from slimpar.pipeline.stage import CodecPipelineStage
 from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
 from slimpar.pipeline.virtual import VirtualPipeline
 from slimpar.pipeline.wire import P2PLink
-from slimpar.train.build import loss_fn
+from slimpar.train.build import train_loss
 from slimpar.train.evaluate import val_splits
 from slimpar.train.strategies.pipeline_base import PipelineStrategyBase, tie_exported
 from slimpar.train.strategies.pipeline_specs import codec_specs
@@ -98,7 +98,8 @@ class PipelineStrategy(PipelineStrategyBase):
         self.pp_stage = CodecPipelineStage(stage, (mb, cfg.data.seq_len), model.cfg.vocab_size, ctx.device,
                                            self.groups.pipeline, layout.peers(), self.counter)
         self.schedule = SCHEDULES[cfg.pipeline.schedule](self.pp_stage, n_microbatches=cfg.pipeline.microbatches,
-                                                         loss_fn=loss_fn, scale_grads=self._schedule_scales_grads())
+                                                         loss_fn=train_loss(cfg),
+                                                         scale_grads=self._schedule_scales_grads())
         self.syncs, dtype = [], cfg.pipeline.sync_dtype
         if stage.decoder is not None and stage.decoder.shared_parameters():
             self.syncs.append(SharedParamSync(stage.decoder.shared_parameters(), "receiver", self.pp_stage.prev, dtype))
@@ -236,7 +237,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
                                                              ctx.device.type)]
         super().__init__(cfg, stages, 0, 1)
         pc = cfg.pipeline
-        self.pipe = VirtualPipeline(stages, self.counter, loss_fn, pc.sync_dtype, pc.tied_sync_dtype)
+        self.pipe = VirtualPipeline(stages, self.counter, train_loss(cfg), pc.sync_dtype, pc.tied_sync_dtype)
         self.resyncs = 0
 
     def _schedule_step(self, step: int, batch_fn) -> float:

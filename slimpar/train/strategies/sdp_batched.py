@@ -29,18 +29,32 @@ from torch import nn
 from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.parallel.compile import apply_compile
 from slimpar.sdp.batched import BatchedSDP
-from slimpar.train.build import loss_fn
+from slimpar.sdp.batched_routes import BlockRoute
+from slimpar.train.build import train_loss
 from slimpar.train.strategies.sdp_virtual import VirtualSDPStrategy
+
+
+def _compile_routed(model: nn.Module, batched: BatchedSDP, backend: str) -> None:
+    """A routed block compiles its own forward; the routing around it (row selection by block column) stays
+    eager. Compiled whole, the route's column index and row lists are constants of the graph: one graph per block,
+    past dynamo's limit of 8 per function at 134M's 12 blocks (the blocks after the eighth would run eager).
+    Blocks that are not routed whole (neuron level) compile as in every other mode."""
+    routes = [r for r in batched.routes if isinstance(r, BlockRoute)]
+    for route in routes:
+        route.original = torch.compile(route.original, backend=backend)
+    routed = {id(r.block) for r in routes}
+    apply_compile(nn.ModuleDict({k: b for k, b in model_blocks(model).items() if id(b) not in routed}), backend)
 
 
 class BatchedVirtualSDPStrategy(VirtualSDPStrategy):
     def _wrap(self, model: nn.Module) -> BatchedSDP:
         model.to(self.ctx.device)
         batched = BatchedSDP(model, self.plan, regime=self.cfg.sdp.regime)
+        self.loss = train_loss(self.cfg)  # compiled on its own where train.compile_scope = loss
         if self.cfg.train.activation_checkpointing:
             apply_ac(model_blocks(model))
         if self.cfg.train.compile:
-            apply_compile(model_blocks(model), self.cfg.train.compile_backend)
+            _compile_routed(model, batched, self.cfg.train.compile_backend)
         return batched
 
     def _container(self) -> nn.Module:
@@ -66,7 +80,7 @@ class BatchedVirtualSDPStrategy(VirtualSDPStrategy):
             with self.wrapper.rows([len(x) for x in xs]):
                 with record(), self.autocast():
                     logits = self.model(torch.cat(xs))
-                    losses = [loss_fn(out, y) for out, y in zip(logits.split(self.wrapper.counts), ys, strict=True)]
+                    losses = [self.loss(out, y) for out, y in zip(logits.split(self.wrapper.counts), ys, strict=True)]
                     loss = sum(losses) / acc
                 loss.backward()  # under the routing: activation checkpointing recomputes routed forwards
             total = total + loss.detach().double() / n  # read once, by the trainer's guard

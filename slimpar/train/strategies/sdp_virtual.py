@@ -25,7 +25,7 @@ from slimpar.parallel.ac import apply_ac, model_blocks
 from slimpar.parallel.compile import apply_compile
 from slimpar.sdp.plan import analytic_bytes_per_step
 from slimpar.sdp.virtual import VirtualSDP
-from slimpar.train.build import loss_fn
+from slimpar.train.build import compiles_blocks, forward_loss
 from slimpar.train.strategies.sdp import SDPStrategy
 from slimpar.train.strategies.sdp_plan import refresh_root_bytes
 
@@ -55,7 +55,7 @@ class VirtualSDPStrategy(SDPStrategy):
         def parallelize(m: nn.Module) -> None:
             if cfg.train.activation_checkpointing:
                 apply_ac(model_blocks(m))
-            if cfg.train.compile:
+            if compiles_blocks(cfg):
                 apply_compile(model_blocks(m), cfg.train.compile_backend)
 
         self.shapes = {k: tuple(t.shape) for k, t in model.state_dict().items()}  # before the subnetworks are cut
@@ -84,12 +84,19 @@ class VirtualSDPStrategy(SDPStrategy):
             for micro in range(acc):
                 x, y = batch_fn(step, micro)
                 with record(), self.autocast():
-                    loss = loss_fn(m(x), y) / acc
+                    loss = self._worker_loss(w, m)(x, y) / acc
                 loss.backward()
                 total = total + loss.detach().double()  # read once, by the trainer's guard
             totals.append(total)
         self.dp_rank = 0
         return sum(totals) / len(totals)
+
+    def _worker_loss(self, w: int, m: nn.Module):
+        """Worker ``w``'s forward and loss, compiled as ``train.compile_scope`` says (one function per worker)."""
+        cache = self.__dict__.setdefault("_worker_losses", {})
+        if w not in cache:
+            cache[w] = forward_loss(self.cfg, m)
+        return cache[w]
 
     def extra_metrics(self) -> dict:
         """The plan's analytic bytes (nothing is sent in one process), as the real run would count them."""

@@ -12,6 +12,7 @@ from slimpar.config import Config, ConfigError, load_config
 from slimpar.config import check_choice as _choice
 from slimpar.data.vocab import config_vocab_size
 from slimpar.parallel.compile import BACKENDS as COMPILE_BACKENDS
+from slimpar.parallel.compile import SCOPES as COMPILE_SCOPES
 from slimpar.train.sinks.trackers import check_trackers
 from slimpar.train.validate.device import local_workers, resolve_device, visible_gpus
 from slimpar.train.validate.limits import check_backend, check_memory_floor, check_writable
@@ -133,6 +134,8 @@ def validate(cfg: Config, *, training: bool = True, data: bool = True) -> None:
     _choice("data.kind", d.kind, ("text", "images"))
     _choice("train.dtype", t.dtype, ("fp32", "bf16"))
     _choice("train.compile_backend", t.compile_backend, COMPILE_BACKENDS)
+    _choice("train.compile_scope", t.compile_scope, COMPILE_SCOPES)
+    _check_compile_scope(cfg)
     if p.workers < 1:
         raise ConfigError(f"parallel.workers must be >= 1, got {p.workers}")
     if p.device == "cuda":
@@ -245,3 +248,30 @@ def _validate_batch(cfg: Config) -> None:
         raise ConfigError(
             f"train.batch_size = {t.batch_size} must be divisible by data-parallel workers ({dp}) "
             f"x train.grad_accum ({t.grad_accum})")
+
+
+WHY_NOT_MODEL = {  # measured with dynamo's counters (tests/unit/test_compile_counts.py, docs/training.md)
+    "ddp": "DDP's forward is not traced by dynamo: the graph breaks there (twice per step)",
+    "fsdp": "FSDP2's root hooks are not traced by dynamo: the graph breaks there",
+    "sdp": "SDP's holder averaging works block by block",
+    "pipeline": "a pipeline's stages and codecs run block by block",
+}
+DYNAMO_RECOMPILE_LIMIT = 8  # torch._dynamo.config.recompile_limit's default: graphs of one function
+
+
+def _check_compile_scope(cfg: Config) -> None:
+    """``train.compile_scope = model`` where the forward and loss compile as one graph without a break: single,
+    and virtual SDP (one graph per worker's subnetwork, so at most dynamo's limit of 8 workers)."""
+    t, p, s = cfg.train, cfg.parallel, cfg.sdp
+    if not (t.compile and t.compile_scope == "model"):
+        return
+    virtual = p.mode == "sdp" and s.virtual and not s.virtual_batched
+    if virtual and s.virtual_workers > DYNAMO_RECOMPILE_LIMIT:
+        raise ConfigError(f"train.compile_scope = 'model' compiles one graph per virtual worker, and dynamo keeps "
+                          f"{DYNAMO_RECOMPILE_LIMIT} per function; with sdp.virtual_workers = {s.virtual_workers} "
+                          "use --train.compile_scope loss")
+    if p.mode != "single" and not virtual:
+        why = "the batched routes work block by block" if p.mode == "sdp" and s.virtual else WHY_NOT_MODEL[p.mode]
+        raise ConfigError(f"train.compile_scope = 'model' (forward and loss as one graph) does not fit "
+                          f"parallel.mode = {p.mode!r}: {why}; use --train.compile_scope loss (each block and "
+                          "the loss compiled) or blocks")
