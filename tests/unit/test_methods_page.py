@@ -9,6 +9,7 @@ import subprocess
 from tests.helpers import ROOT
 
 PAGE = "docs/methods.md"
+SELF = "tests/unit/test_methods_page.py"
 OLD = "METHODS" + ".md"  # spelled in two parts so that this file does not cite it itself
 # "docs/methods.md, 'A'", and chains such as "docs/methods.md, 'A', 'B' and 'C'"
 CITATION = re.compile(r"docs/methods\.md, ('[^']+'(?:(?:, | and )'[^']+')*)")
@@ -49,6 +50,8 @@ def test_every_cited_section_of_the_methods_page_exists():
     slugs = {_slug(h) for h in headings}
     cited, missing = 0, []
     for name, text in _tracked().items():
+        if name == SELF:
+            continue  # this file writes made-up citations to describe the pattern
         for m in CITATION.finditer(text):
             for title in TITLE.findall(m[1]):
                 cited += 1
