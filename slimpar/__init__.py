@@ -8,16 +8,25 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["SubnetworkDataParallel", "models", "sdp", "__version__"]
+# The libraries a user reaches as ``slimpar.NAME`` after a plain ``import slimpar`` (the trainer, the benchmarks
+# and the commands are the application, imported by the command line, not by users).
+_SUBPACKAGES = ("codecs", "data", "hybrid", "integrations", "models", "optim", "parallel", "pipeline", "sdp")
+
+__all__ = ["SubnetworkDataParallel", "__version__", *_SUBPACKAGES]
 
 
 def __getattr__(name: str) -> Any:
     """Import torch-backed parts on first use (PEP 562): ``slimpar --version``, ``--help`` and the command
     line's first steps stay light, and Ctrl-C during start-up reaches the command's handler, not an import."""
-    if name in ("models", "sdp"):
+    if name in _SUBPACKAGES:
         return importlib.import_module(f"slimpar.{name}")
     if name == "SubnetworkDataParallel":
         from slimpar.sdp.wrapper import SubnetworkDataParallel
 
         return SubnetworkDataParallel
     raise AttributeError(f"module 'slimpar' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # what a REPL's completion offers: the lazy names too, which module attributes alone would not show
+    return sorted({*globals(), *__all__})

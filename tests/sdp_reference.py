@@ -1,4 +1,6 @@
-"""An independent single-process reference for Subnetwork Data Parallelism (METHODS.md Part 1).
+"""An independent single-process reference for Subnetwork Data Parallelism.
+
+The method it checks: docs/methods.md, 'Subnetwork data parallelism (SDP)'.
 
 Every worker of a run is simulated in one process from the same initial full model:
 

@@ -1,10 +1,11 @@
 """``slimpar bench mapl``: compressed pipeline codecs side by side, token-matched, 4 stages.
 
-Rows follow METHODS.md Part 2's claim table: the uncompressed pipeline, bf16/int8 casts, the naive
-learned projector, SSN at 4x and 8x, MAPL at 4x and 8x, MAPL with factorized and with full anchors,
-MAPL with A's gradient parts exchanged exactly (fp32 instead of the default int8), and MAPL with
-residual VQ on projectors of rank d/16 and d/32 (the backward message stays r floats, so those rows'
-backward ratio is 16x/32x while the forward payload is a few bytes of packed indices per token).
+Rows follow the paper's claims and baselines (docs/methods.md, 'MAPL claims' and 'Baselines'): the
+uncompressed pipeline, bf16/int8 casts, the naive learned projector, SSN at 4x and 8x, MAPL at 4x and 8x,
+MAPL with factorized and with full anchors, MAPL with A's gradient parts exchanged exactly (fp32 instead
+of the default int8), and MAPL with residual VQ on projectors of rank d/16 and d/32 (the backward message
+stays r floats, so those rows' backward ratio is 16x/32x while the forward payload is a few bytes of
+packed indices per token).
 Every row trains the same model on the same tokens for the same number of steps.
 
 The projector ablations (issue 10, item 3) change one thing each against "MAPL 4x": the PCA start of

@@ -30,7 +30,7 @@ MODES: dict[str, list[str]] = {
     "B-SDP C=0.69": [*SDP, "--sdp.keep", "0.69"],
     "B-SDP C=0.5 + FSDP2 + AC": [*SDP, "--sdp.keep", "0.5", "--sdp.holder_shard", "true", *AC],
 }
-# the paper's figures (METHODS.md, issue 21): (size, mode) -> GB per worker, or a change against DDP
+# the paper's figures (docs/methods.md, 'SDP claims'; issue 21): (size, mode) -> GB per worker, or a change against DDP
 PAPER: dict[tuple[str, str], str] = {
     ("500m", "B-SDP C=0.5"): "-40% vs DDP",
     ("1b", "B-SDP C=0.69"): "-28% vs DDP",

@@ -1,6 +1,6 @@
 """``slimpar bench sdp``: SDP against DDP, DDP+AC, FSDP2 and FSDP2+AC, side by side in one run.
 
-Rows follow the claim tables of METHODS.md Part 1: block (B-SDP) and neuron (N-SDP) subnetworks with
+Rows follow the paper's claims (docs/methods.md, 'SDP claims'): block (B-SDP) and neuron (N-SDP) subnetworks with
 forward masking, block subnetworks with backward masking (Bb-SDP), SDP with activation
 checkpointing and with FSDP2; iteration-matched and FLOP-matched (1/keep more steps); two seeds for
 the main rows. The ``virtual`` group times virtual SDP (one process, the quality benchmark's config)

@@ -4,7 +4,7 @@ Why (research/mapl.md §1.2): the residual stream carries the token embedding E[
 token-driven component no rank-r projection keeps. An anchor models it so that only h − o(t) is
 projected; token ids cross the wire as integers (or are read locally), never as d floats.
 
-- ``FactorizedAnchor`` (MAPL, METHODS.md Part 2 step 3): o(t) = E_small[t] · P with E_small ∈ ℝ^{V×m}
+- ``FactorizedAnchor`` (MAPL, docs/methods.md, 'Factorized anchors'): o(t) = E_small[t] · P with E_small ∈ ℝ^{V×m}
   trainable and P ∈ ℝ^{m×d} frozen with orthonormal rows, derived from (seed, boundary) so it costs
   no communication. V·m parameters per boundary instead of V·d.
 - ``FullAnchor``: o(t) = E[t] with a trainable V×d table (the ablation "fully trainable anchors").

@@ -1,11 +1,11 @@
 """Residual vector quantization (RVQ) of the r-dim boundary codes, with versioned EMA codebooks.
 
-Algorithm (METHODS.md Part 2 item 4; research/mapl.md §1.4). Q levels, each a codebook of K vectors
-in R^dim. Encoding x (N, dim): r_0 = x; at level q the index i_q = argmin_k ‖r_q − C_q[k]‖² and
-r_{q+1} = r_q − C_q[i_q]. The reconstruction is x̂ = Σ_q C_q[i_q], summed in level order by
-``decode_indices`` on both the sender and the receiver, so they agree bit for bit. The forward
-returns x̂ with a straight-through gradient (identity to x) and the commitment loss
-β · mean_tokens ‖x − sg(x̂)‖², which the sender adds to its loss.
+Algorithm (docs/methods.md, 'Residual vector quantization'; research/mapl.md §1.4). Q levels, each a codebook
+of K vectors in R^dim. Encoding x (N, dim): r_0 = x; at level q the index i_q = argmin_k ‖r_q − C_q[k]‖² and
+r_{q+1} = r_q − C_q[i_q]. The reconstruction is x̂ = Σ_q C_q[i_q], summed in level order by ``decode_indices``
+on both the sender and the receiver, so they agree bit for bit. The forward returns x̂ with a straight-through
+gradient (identity to x) and the commitment loss β · mean_tokens ‖x − sg(x̂)‖², which the sender adds to its
+loss.
 
 Codebook learning, on the sender only, in training mode:
 - k-means initialisation (Lloyd, ``kmeans_iters`` iterations) of level 0 on the first training batch,

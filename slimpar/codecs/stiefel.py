@@ -1,11 +1,12 @@
 """Stiefel-manifold math: the matrix sign (orthogonal polar factor), tangent projection, diagnostics.
 
-St(d, r) = {A ∈ ℝ^{d×r} : AᵀA = I_r}, d ≥ r (METHODS.md Part 2, step 2; research/mapl.md §1.3, §3).
+St(d, r) = {A ∈ ℝ^{d×r} : AᵀA = I_r}, d ≥ r (docs/methods.md, 'Stiefel projector'; research/mapl.md §1.3, §3).
 
 ``msign(X) = X (XᵀX)^{-1/2} = U Vᵀ`` for X = U Σ Vᵀ is the orthogonal polar factor. Two backends:
 
 - ``polar_express``: the Polar Express iteration (Amsel, Persson, Musco, Gower, arXiv 2505.16932) with
-  the coefficient table pinned in METHODS.md, run in fp32. Matmuls only, so it suits accelerators.
+  a pinned coefficient table (below; docs/methods.md, 'Polar Express'), run in fp32. Matmuls
+  only, so it suits accelerators.
 - ``eigh``: the exact polar factor through the small r×r Gram matrix, ``torch.linalg.eigh`` in float64.
   Costs O(d r² + r³), trivial for r ≪ d.
 """
@@ -18,8 +19,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-# Polar Express coefficients (a_t, b_t, c_t) of p_t(x) = a x + b x³ + c x⁵, copied from METHODS.md
-# Part 2 (authoritative; the authors' repository HEAD generates a different list, so they are pinned).
+# Polar Express coefficients (a_t, b_t, c_t) of p_t(x) = a x + b x³ + c x⁵ (docs/methods.md,
+# 'Polar Express'), pinned here because the authors' repository HEAD generates a different list.
 _PE_TABLE: tuple[tuple[float, float, float], ...] = (
     (8.28721201814563, -23.595886519098837, 17.300387312530933),
     (4.107059111542203, -2.9478499167379106, 0.5448431082926601),
@@ -60,7 +61,7 @@ def pinned_fp32(device_type: str = "cpu") -> Iterator[None]:
 def polar_express_coefficients(steps: int) -> list[tuple[float, float, float]]:
     """The (a_t, b_t, c_t) for t = 1..steps: table rows divided by (1.01, 1.01³, 1.01⁵), then the final row.
 
-    The safety rescaling (arXiv 2505.16932; METHODS.md Part 2) keeps rounding from pushing singular
+    The safety rescaling (arXiv 2505.16932; docs/methods.md, 'Polar Express') keeps rounding from pushing singular
     values past the interval the next polynomial was designed for; the final row is left unscaled so the
     fixed point stays exactly at σ = 1.
     """
@@ -71,7 +72,7 @@ def polar_express_coefficients(steps: int) -> list[tuple[float, float, float]]:
 
 
 def polar_express(X: Tensor, steps: int = DEFAULT_POLAR_STEPS) -> Tensor:
-    """msign(X) by Polar Express in fp32 (arXiv 2505.16932; METHODS.md Part 2, step 2).
+    """msign(X) by Polar Express in fp32 (arXiv 2505.16932; docs/methods.md, 'Polar Express').
 
     X ← X / (1.01 ‖X‖_F + 1e-7) puts every singular value in [0, 1/1.01]; then for t = 1..steps,
     with S = X Xᵀ the Gram of the short side, X ← a_t X + (b_t S + c_t S²) X, i.e. each singular value

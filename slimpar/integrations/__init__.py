@@ -8,3 +8,5 @@
 
 Nothing is imported here, so ``import slimpar.integrations`` needs none of the frameworks. The integrations use
 the method libraries (``sdp``, ``pipeline``), never the trainer."""
+
+__all__ = ["common", "hf", "lightning", "pipelining"]

@@ -1,6 +1,6 @@
 """SPEL (spectral descent on the Stiefel manifold) for Stiefel parameter groups, AdamW for the rest.
 
-SPEL, per A ∈ St(d, r) (METHODS.md Part 2, step 2; research/mapl.md §1.3; Yang & Lai, arXiv 2601.21487):
+SPEL, per A ∈ St(d, r) (docs/methods.md, 'SPEL'; research/mapl.md §1.3; Yang & Lai, arXiv 2601.21487):
 
     G = ∂L/∂A;  M ← βM + (1−β)G                      momentum
     ξ = M − A·sym(AᵀM)                                tangent projection (Euclidean metric)
@@ -10,7 +10,7 @@ SPEL, per A ∈ St(d, r) (METHODS.md Part 2, step 2; research/mapl.md §1.3; Yan
 η is a spectral step length (a rotation budget per step), not an Adam-like learning rate. msign is
 Polar Express (arXiv 2505.16932) in fp32 or the exact small-Gram ``eigh`` polar factor
 (slimpar.codecs.stiefel). Unlike some peers (e.g. NVIDIA Emerging-Optimizers' ``Spel``) we keep the
-tangent projection, as METHODS.md specifies.
+tangent projection (docs/methods.md, 'SPEL').
 """
 
 from __future__ import annotations

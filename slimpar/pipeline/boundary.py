@@ -1,6 +1,7 @@
 """The two halves of a boundary codec: ``BoundaryEncoder`` ends stage p, ``BoundaryDecoder`` starts p + 1.
 
-Forward (METHODS.md Part 2 steps 1, 3, 4). The encoder maps the residual stream h (mb, T, d) to the
+Forward (docs/methods.md, 'Stiefel projector', 'Factorized anchors' and
+'Residual vector quantization'). The encoder maps the residual stream h (mb, T, d) to the
 float tensor ``out`` (mb, T, w) whose gradient comes back, and leaves the wire message for the
 current microbatch in ``outbox``:
   none   out = h                              payload h as float32            (w = d)

@@ -1,9 +1,8 @@
 """PCA start of MAPL's projectors: A_p = the top-r right singular vectors of boundary p's activations.
 
-``--pipeline.projector_init pca`` (METHODS.md Part 2 step 2, "or by PCA of early boundary
-activations"; issue 10: a random A barely moves in a short run, so MAPL behaves like a fixed random
-projection). Before the first optimizer step the pipeline runs a forward-only calibration pass over
-the first ``pca_batches`` training batches, stage by stage:
+``--pipeline.projector_init pca`` (docs/methods.md, 'Projector start'; issue 10: a random A barely moves in a short
+run, so MAPL behaves like a fixed random projection). Before the first optimizer step the pipeline runs a
+forward-only calibration pass over the first ``pca_batches`` training batches, stage by stage:
 
   stage s   (s > 0) receive A_{s−1} and the calibration codes from stage s − 1, decode them
             (ĥ = A_{s−1}c + o(t)), run the stage's blocks → h (tokens × d, the residual stream that

@@ -1,8 +1,8 @@
 """Virtual SDP in one batched pass: N workers' subnetworks trained on ONE copy of the full model.
 
-``VirtualSDP`` runs N model copies one after another and equals the N-process run bit for bit; ``BatchedSDP``
-gives the same training to rounding (METHODS.md Part 1) with one copy and one optimizer, at about the cost of
-one forward and backward of the concatenated batch with each block run on its holders' rows only.
+``VirtualSDP`` runs N model copies one after another and equals the N-process run bit for bit; ``BatchedSDP`` gives
+the same training to rounding (docs/methods.md, 'Holder averaging') with one copy and one optimizer, at about the
+cost of one forward and backward of the concatenated batch with each block run on its holders' rows only.
 
 Why one copy suffices: after every step's averaging the holders of a component hold identical copies
 (forward regime), and in the backward regime with ``refresh_every = 1`` the non-holders' copies are refreshed

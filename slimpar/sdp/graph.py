@@ -1,4 +1,4 @@
-"""Graph metrics of an SDP mask (METHODS.md Part 1): connectivity, spectral gap, masking error.
+"""Graph metrics of an SDP mask (docs/methods.md, 'Graph metrics'): connectivity, spectral gap, masking error.
 
 Mask M (N workers x K components, 0/1). The worker-component graph is bipartite with an edge
 (i, c) for every M_ic = 1; a worker without components is isolated.

@@ -1,6 +1,6 @@
 """``HolderSync``: everything SDP communicates, for the workers that live in this process.
 
-One object owns SDP's synchronisation (METHODS.md Part 1) for a real run (one worker per process, any
+One object owns SDP's synchronisation (docs/methods.md, 'Holder averaging') for a real run (one worker per process, any
 parent group: :class:`~slimpar.sdp.comm.GroupComm`) and for ``VirtualSDP`` (every worker in one process:
 :class:`~slimpar.sdp.comm.LocalComm`). It is built *after* the subnetwork is cut (:func:`apply_subnet`)
 and after any activation checkpointing or FSDP2 was applied from outside: its pieces are bound by name to

@@ -1,6 +1,6 @@
 """Holder-group gradient averaging for SDP, bucketed by holder set and overlapped with backward.
 
-Algorithm (METHODS.md Part 1): component c's gradient is averaged over its holders S_c only,
+Algorithm (docs/methods.md, 'Holder averaging'): component c's gradient is averaged over its holders S_c only,
 ĝ_c = (1/k_c) Σ_{i∈S_c} g_{i,c}; shared parameters over all workers; a component held by one
 worker is never communicated.
 

@@ -5,8 +5,8 @@ copy of the full model, exactly as ``SubnetworkDataParallel`` does on rank w, an
 synchronisation code, :class:`~slimpar.sdp.holders.HolderSync`, with every worker in this process: its
 collectives are :class:`~slimpar.sdp.comm.LocalComm`'s arithmetic, which adds in the order gloo's ring
 all-reduce adds, so on CPU the result is bit-identical to the multi-process gloo run (NCCL on GPU adds in
-its own order: equal to rounding). The phases are those of the real run (METHODS.md Part 1): holder-set
-averaging in the real run's buckets (``sync()``, after every worker's backward), the global clip norm,
+its own order: equal to rounding). The phases are those of the real run (docs/methods.md, 'Holder averaging'):
+holder-set averaging in the real run's buckets (``sync()``, after every worker's backward), the global clip norm,
 the backward regime's refresh, replica checks and the full-model gather.
 
 Each worker keeps its own optimizer over ``modules[w]``'s trainable parameters (or one optimizer over

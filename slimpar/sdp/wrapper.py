@@ -1,11 +1,12 @@
 """``SubnetworkDataParallel``: the user-facing SDP wrapper (DDP-shaped).
 
-Each worker holds and trains only its subnetwork (METHODS.md Part 1). The wrapper is two parts, usable
-apart: :func:`~slimpar.sdp.apply.apply_subnet` cuts the worker's subnetwork out of the full model, and
-:class:`~slimpar.sdp.holders.HolderSync` does all of SDP's communication over the given process group,
-which may be any sub-group (a pipeline stage's replicas, one dimension of a mesh). To add activation
-checkpointing or FSDP2, apply them from outside between the two: cut with ``apply_subnet``, parallelize,
-then pass the ``subnet`` here; the sync binds to the module's parameters as they are then.
+Each worker holds and trains only its subnetwork (docs/methods.md, 'Subnetwork data parallelism (SDP)').
+The wrapper is two parts, usable apart: :func:`~slimpar.sdp.apply.apply_subnet` cuts the worker's
+subnetwork out of the full model, and :class:`~slimpar.sdp.holders.HolderSync` does all of SDP's
+communication over the given process group, which may be any sub-group (a pipeline stage's replicas, one
+dimension of a mesh). To add activation checkpointing or FSDP2, apply them from outside between the two: cut
+with ``apply_subnet``, parallelize, then pass the ``subnet`` here; the sync binds to the module's parameters as
+they are then.
 
 Communication phases (details in :mod:`slimpar.sdp.holders`):
 

@@ -1,0 +1,4 @@
+"""The trainer behind ``slimpar train``: building a run (``build``), the loop (``trainer``, ``guard``,
+``evaluate``), the strategies that wrap the libraries, and the rooms listed in docs/architecture.md."""
+
+__all__ = ["build", "checkpoint", "evaluate", "guard", "launch", "memory", "sinks", "strategies", "trainer", "validate"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from importlib import import_module
 
+__all__ = ["build_strategy", "strategy_kind"]
+
 # kind -> (module, builder): imported on use, so a run loads only what its mode needs
 _BUILDERS = {
     "single": ("slimpar.train.strategies.base", "build_plain_strategy"),

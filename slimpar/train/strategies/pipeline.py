@@ -1,4 +1,5 @@
-"""Compressed pipeline parallelism behind the trainer's strategy interface (METHODS.md Part 2).
+"""Compressed pipeline parallelism behind the trainer's strategy interface (docs/methods.md,
+'Compressed pipelines (MAPL)').
 
 ``PipelineStrategy`` — one process per stage and replica (workers = P × R, groups.py). A step:
   0. before step 0's forward, with ``pipeline.projector_init = "pca"`` (or ``auto`` for MAPL with r < d):
