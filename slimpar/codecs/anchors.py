@@ -1,6 +1,6 @@
 """Anchor embeddings: a token-dependent offset o(t) removed before projecting and restored after.
 
-Why (research/mapl.md §1.2): the residual stream carries the token embedding E[t], a high-rank,
+Why (docs/methods.md, 'Factorized anchors'): the residual stream carries the token embedding E[t], a high-rank,
 token-driven component no rank-r projection keeps. An anchor models it so that only h − o(t) is
 projected; token ids cross the wire as integers (or are read locally), never as d floats.
 

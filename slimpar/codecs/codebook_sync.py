@@ -1,6 +1,6 @@
 """Streaming codebook synchronisation: a ResidualVQ sender keeps one receiver's codebook copy exact.
 
-Protocol (docs/methods.md, 'Codebook synchronisation'; research/mapl.md §1.4). The sender owns the codebook and updates
+Protocol (docs/methods.md, 'Codebook synchronisation'). The sender owns the codebook and updates
 it from data the receiver never sees. After each sender forward, ``CodebookSender.message(step)``
 describes how to turn the table the receiver holds into the one that produced the forward's indices:
 - "full":  the whole (Q·K, dim) table, at the first message and whenever step % full_every == 0

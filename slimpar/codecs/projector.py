@@ -1,7 +1,7 @@
 """Boundary projectors: the maps that shrink a pipeline boundary's residual stream from d to r numbers.
 
 All three act per token on the last dimension, ``down: (..., d) -> (..., r)`` on the sender and
-``up: (..., r) -> (..., d)`` on the receiver (docs/methods.md, 'Stiefel projector'; research/mapl.md §1.1, §2):
+``up: (..., r) -> (..., d)`` on the receiver (docs/methods.md, 'Stiefel projector'):
 
 - ``StiefelProjector`` (MAPL): A ∈ St(d, r), down(x) = Aᵀx, up(c) = Ac. Both boundary ranks hold a
   copy of A: SPEL updates it (the optimizer builder finds it by type, ``stiefel_parameters``) and a

@@ -1,6 +1,6 @@
 """Residual vector quantization (RVQ) of the r-dim boundary codes, with versioned EMA codebooks.
 
-Algorithm (docs/methods.md, 'Residual vector quantization'; research/mapl.md §1.4). Q levels, each a codebook
+Algorithm (docs/methods.md, 'Residual vector quantization'). Q levels, each a codebook
 of K vectors in R^dim. Encoding x (N, dim): r_0 = x; at level q the index i_q = argmin_k ‖r_q − C_q[k]‖² and
 r_{q+1} = r_q − C_q[i_q]. The reconstruction is x̂ = Σ_q C_q[i_q], summed in level order by ``decode_indices``
 on both the sender and the receiver, so they agree bit for bit. The forward returns x̂ with a straight-through

@@ -1,6 +1,6 @@
 """Stiefel-manifold math: the matrix sign (orthogonal polar factor), tangent projection, diagnostics.
 
-St(d, r) = {A ∈ ℝ^{d×r} : AᵀA = I_r}, d ≥ r (docs/methods.md, 'Stiefel projector'; research/mapl.md §1.3, §3).
+St(d, r) = {A ∈ ℝ^{d×r} : AᵀA = I_r}, d ≥ r (docs/methods.md, 'Stiefel projector').
 
 ``msign(X) = X (XᵀX)^{-1/2} = U Vᵀ`` for X = U Σ Vᵀ is the orthogonal polar factor. Two backends:
 

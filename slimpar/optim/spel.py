@@ -1,6 +1,6 @@
 """SPEL (spectral descent on the Stiefel manifold) for Stiefel parameter groups, AdamW for the rest.
 
-SPEL, per A ∈ St(d, r) (docs/methods.md, 'SPEL'; research/mapl.md §1.3; Yang & Lai, arXiv 2601.21487):
+SPEL, per A ∈ St(d, r) (docs/methods.md, 'SPEL'; Yang & Lai, arXiv 2601.21487):
 
     G = ∂L/∂A;  M ← βM + (1−β)G                      momentum
     ξ = M − A·sym(AᵀM)                                tangent projection (Euclidean metric)

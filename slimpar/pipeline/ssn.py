@@ -1,7 +1,7 @@
 """Subspace Networks (SSN) baseline: constrain a LLaMA so its residual stream lives in span(U) + F[t].
 
 Ramasinghe et al., arXiv 2506.01260; reference code ProtocolNanoGPT ``train_gpt_ssn.py`` (ReparamSSN)
-— research/mapl.md §2, docs/methods.md, 'Baselines'. One global U ∈ St(d, k) and one frozen random
+— docs/methods.md, 'Baselines'. One global U ∈ St(d, k) and one frozen random
 token table F ∈ ℝ^{V×d}, both derived from the seed, so no rank sends them:
 
 - every residual branch's output projection (attention ``wo`` and FFN ``w2``) is reparametrised as

@@ -1,6 +1,6 @@
 """``CodecPipelineStage``: a ``torch.distributed.pipelining.PipelineStage`` that sends codec messages.
 
-Why a subclass (research/mapl.md §5, Recipe B): ``PipelineStage`` sends each stage output as is and
+Why a subclass: ``PipelineStage`` sends each stage output as is and
 receives into buffers shaped like it, so a boundary could only carry one float tensor whose gradient
 has the same shape. Compressed boundaries need asymmetric messages — packed RVQ indices plus a
 codebook header (and a variable tail of codebook rows) forward, r floats backward; int8 values plus

@@ -2,8 +2,7 @@
 
 Both ends of boundary p hold MAPL's A_p (and, in the symmetric anchor form, the anchor table). Each
 end's backward produces only its own part of the gradient — the sender's (h − o)g_cᵀ, the receiver's
-(∂L/∂ĥ)cᵀ (research/mapl.md §1.1). The **Decision** of docs/methods.md, 'Shared projector gradients',
-implemented here:
+(∂L/∂ĥ)cᵀ. The **Decision** of docs/methods.md, 'Shared projector gradients', implemented here:
 
   every step, after the backward (and after the replicas' gradient average)
     phase 1 ``post``:   each end quantizes its part of every shared parameter to int8 with one float32

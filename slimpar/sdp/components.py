@@ -1,4 +1,4 @@
-"""Maskable components of a model for Subnetwork Data Parallelism (docs/methods.md, 'Components'; sdp.md §1.3).
+"""Maskable components of a model for Subnetwork Data Parallelism (docs/methods.md, 'Components').
 
 A component is the unit that a mask column switches on or off on a worker:
 - block level (B-SDP): one whole residual block (``layers.3``, ``blocks.5``);

@@ -1,4 +1,4 @@
-"""SDP planner: which worker holds which component (docs/methods.md, 'Masks and plans'; sdp.md §1.2-1.4, §4.2).
+"""SDP planner: which worker holds which component (docs/methods.md, 'Masks and plans').
 
 Pure and deterministic in (seed, world size, model structure): every rank computes every rank's
 mask without communicating, and a restart recomputes the same masks.

@@ -72,7 +72,8 @@ def test_accounting_matches_hand_counts(runs):
 
 def test_rss_cross_check_agrees_with_the_tracker_under_the_launcher(runs):
     """slimpar's launcher starts workers with MALLOC_MMAP_THRESHOLD_=65536, so a step's RSS increase tracks the
-    storages the step allocated (research/env.md); the single-process run starts without it and reports none."""
+    storages the step allocated (mallopt(3), M_MMAP_THRESHOLD); the single-process run starts without it and
+    reports none."""
     for name in ("ddp", "fsdp_ac"):
         for r in summary(runs[name])["per_rank"]:
             tracked, rss = r["mem"]["peak_step_alloc"], r["mem"]["peak_rss_delta"]

@@ -96,8 +96,8 @@ class SavedActivations:
 
 
 # glibc keeps freed heap memory unless blocks above this size are mmapped; only then does a step's RSS
-# increase track its tensors (research/env.md). The setting must be in the environment when the process
-# starts, which slimpar's launcher does and torchrun does not.
+# increase track its tensors (mallopt(3), M_MMAP_THRESHOLD). The setting must be in the environment when the
+# process starts, which slimpar's launcher does and torchrun does not.
 RSS_ENV = "MALLOC_MMAP_THRESHOLD_"
 
 
