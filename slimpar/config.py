@@ -38,6 +38,44 @@ def check_choice(where: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{where} = {value!r} is not one of: {', '.join(allowed)}")
 
 
+@dataclass(frozen=True)
+class RVQDefaults:
+    """The recommended residual-VQ settings (``[pipeline.rvq]`` and ``CodecSpec.mapl``'s ``rvq_levels``)."""
+
+    codebook: int = 256
+    decay: float = 0.99
+    commitment: float = 0.25
+    sync_every: int = 50
+    # 2: docs/results/rvq_update (the loss of updating every step within a seed's spread, 0.042 of none's forward
+    # bytes; every 4 steps stalled one seed of three). 0 was the behaviour before issue 20
+    update_every: int = 2
+    dead_threshold: float = 1.0
+
+
+@dataclass(frozen=True)
+class CodecDefaults:
+    """The recommended settings of a pipeline boundary's codec: the ONE source of MAPL's defaults.
+
+    The ``[pipeline]`` section's fields default to them, and so does the pipeline library's factory
+    ``CodecSpec.mapl``, so the CLI's MAPL and the library's cannot drift apart. They live here because this
+    bottom layer is the only module both may import: config.py imports nothing of slimpar, while
+    slimpar.pipeline may import downwards (a record of constants, never a run config). The evidence for
+    each value: docs/pipeline.md, 'Defaults' (the tuned quality study; docs/methods.md, 'Claims and measurements').
+    """
+
+    anchors: str = "auto"  # factorized for MAPL, none for the other codecs (pipeline.spec.resolve_anchors)
+    anchor_dim: int = 32
+    anchor_form: str = "receiver"  # no anchor table crosses the boundary, and it measured at or below symmetric
+    anchor_init: str = "embedding"
+    ids: str = "local"  # every stage reads its own batch: no 2 bytes per token on the wire
+    projector_init: str = "auto"  # pca for MAPL with r < d (pipeline.spec.resolve_projector_init)
+    rvq: RVQDefaults = RVQDefaults()
+
+
+CODEC_DEFAULTS = CodecDefaults()
+_CD, _RVQ = CODEC_DEFAULTS, CODEC_DEFAULTS.rvq  # short, so that the fields below keep their --help text on one line
+
+
 @dataclass
 class ModelConfig:
     arch: str = "llama"  # llama | resnet18 | wrn18 | swin
@@ -145,14 +183,13 @@ class SDPConfig:
 @dataclass
 class RVQConfig:
     levels: int = 0  # residual quantizer levels Q; 0 disables RVQ
-    codebook: int = 256  # codes per level K
-    decay: float = 0.99  # EMA decay of the codebooks
-    commitment: float = 0.25  # commitment-loss weight
-    sync_every: int = 50  # send the full codebook every N steps (the rows an update changed are sent after it)
-    # 2: docs/results/rvq_update (the loss of updating every step within a seed's spread, 0.042 of none's forward
-    # bytes; every 4 steps stalled one seed of three). 0 was the behaviour before issue 20
-    update_every: int = 2  # apply the codebook EMA every N steps, all their microbatches together; 0 = every microbatch
-    dead_threshold: float = 1.0  # re-seed an unused code whose EMA count is below this x the mean count
+    # the defaults are CODEC_DEFAULTS.rvq's (RVQDefaults: why update_every is 2)
+    codebook: int = _RVQ.codebook  # codes per level K
+    decay: float = _RVQ.decay  # EMA decay of the codebooks
+    commitment: float = _RVQ.commitment  # commitment-loss weight
+    sync_every: int = _RVQ.sync_every  # send the full codebook every N steps (between them, the rows an update changed)
+    update_every: int = _RVQ.update_every  # codebook EMA every N steps (all their microbatches); 0 = each microbatch
+    dead_threshold: float = _RVQ.dead_threshold  # re-seed an unused code whose EMA count is below this x the mean
 
 
 @dataclass
@@ -167,11 +204,12 @@ class PipelineConfig:
     # RVQ codebooks at their worst case) are <= 1/K of the uncompressed pipeline's, each way (pipeline/budget.py)
     compression_of: str = "payload"  # payload (r = d / K) | total (every byte a boundary sends, matched to 1/K)
     # the defaults of the anchors, SPEL and clipping below come from the evidence of issue 20 (docs/pipeline.md,
-    # "Defaults"): across the configs measured, these options won or tied, and receiver-only anchors need no exchange
-    anchors: str = "auto"  # auto (factorized for mapl, none for the other codecs) | none | factorized | full
-    anchor_dim: int = 32  # m, the factorized anchor width
-    anchor_form: str = "receiver"  # receiver (a table at the receiver only, no exchange) | symmetric (both ends)
-    ids: str = "local"  # local (each stage reads the ids from its own loader) | send (2 bytes per token on the wire)
+    # "Defaults"): across the configs measured, these options won or tied, and receiver-only anchors need no exchange.
+    # The codec's come from CODEC_DEFAULTS, which the library's CodecSpec.mapl reads too
+    anchors: str = _CD.anchors  # auto (factorized for mapl, none for the other codecs) | none | factorized | full
+    anchor_dim: int = _CD.anchor_dim  # m, the factorized anchor width
+    anchor_form: str = _CD.anchor_form  # receiver (a table at the receiver only, no exchange) | symmetric (both ends)
+    ids: str = _CD.ids  # local (each stage reads the ids from its own loader) | send (2 bytes per token on the wire)
     spel_lr: float = 0.001  # SPEL spectral step length eta
     spel_momentum: float = 0.9  # SPEL momentum beta
     polar: str = "polar_express"  # polar_express | eigh
@@ -179,11 +217,11 @@ class PipelineConfig:
     sync_dtype: str = "int8"  # int8 | bf16 | fp32: how each end's part of A's gradient is exchanged
     tied_sync_dtype: str = "fp32"  # fp32 (exact) | bf16 | int8: the same for a tied embedding/head's gradient parts
     virtual: bool = False  # run all stages in one process (no process group)
-    projector_init: str = "auto"  # auto (pca for mapl with r < d, else random) | random (QR of a Gaussian) | pca
+    projector_init: str = _CD.projector_init  # auto (pca for mapl with r < d, else random) | random (Gaussian QR) | pca
     pca_batches: int = 1  # training batches whose boundary activations the pca start uses
     spel_schedule: str = "constant"  # constant | model (the model's warm-up + cosine) | cosine (own, no warm-up)
     clip_projector: str = "separate"  # separate (A clipped on its own) | global (A in the model's clip norm) | none
-    anchor_init: str = "embedding"  # embedding (symmetric tables start at E_tok·Pᵀ) | zero (no offset at start)
+    anchor_init: str = _CD.anchor_init  # embedding (symmetric tables start at E_tok·Pᵀ) | zero (no offset at start)
     freeze_projector_after: int = 0  # A stops being updated (and its gradient exchange stops) after N steps; 0 = never
     dp: str = "ddp"  # ddp (stage replicas hold the whole stage) | sdp (each replica holds a subnetwork of its blocks)
     sdp_keep: float = 1.0  # dp = sdp: fraction of the stage's blocks each replica holds (SDP's C; 1 with one replica)

@@ -4,20 +4,25 @@ A ``CodecSpec`` fixes a boundary's codec, widths, anchors, RVQ settings and seed
 build their halves from the same spec, so every seed-derived quantity (A's start, the anchor basis P,
 SSN's U and token table) is identical on both ranks without a message. What the codec name means is
 ``CodecSpec.codec`` (codec_kinds.py). ``StageContext`` carries the token ids of the microbatch a stage
-is processing, which anchors and SSN need on both sides. The trainer builds the specs from its run
-config (slimpar.train.strategies.pipeline_specs); nothing here reads a config.
+is processing, which anchors and SSN need on both sides.
+
+``resolve_spec`` is the one path from the user's choices to a spec: the trainer calls it with its run config's
+``[pipeline]`` values (slimpar.train.strategies.pipeline_specs) and ``CodecSpec.mapl`` with the recommended
+defaults, ``slimpar.config.CODEC_DEFAULTS``, which the ``[pipeline]`` section defaults to as well. That record of
+constants is all this module takes from config.py; it never reads a run config.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from slimpar.codecs.anchors import rows_for
 from slimpar.codecs.packing import UINT16_LIMIT
+from slimpar.config import CODEC_DEFAULTS
 from slimpar.parallel.device import to_device
 from slimpar.parallel.syncs import host_only
 from slimpar.pipeline.codec_kinds import CODEC_KINDS, CodecKind, codec_kind
@@ -39,6 +44,14 @@ class RVQSpec:
 
 @dataclass(frozen=True)
 class CodecSpec:
+    """One boundary's codec, field by field (low-level: the defaults below are not the recommended MAPL).
+
+    ``CodecSpec.mapl(dim, compression, vocab=...)`` gives MAPL as ``slimpar train --pipeline.codec mapl`` runs it:
+    factorized receiver-only anchors, token ids read locally and the PCA start, the configuration the quality
+    study kept (docs/pipeline.md, 'Defaults'). ``CodecSpec("mapl", ...)`` keeps the fields' own defaults below
+    (no anchors, ids on the wire, a random start), which that study measured behind it.
+    """
+
     kind: str  # none | bf16 | int8 | mapl | ssn | naive
     boundary: int  # p: between stage p and stage p + 1
     dim: int  # d, the residual width
@@ -52,9 +65,25 @@ class CodecSpec:
     ids_on_wire: bool = True  # token ids cross the boundary (2 bytes each) instead of being read locally
     rvq: RVQSpec | None = None  # residual VQ of the codes (projector codecs only)
     microbatches: int = 1  # microbatches per step: paces the full codebook pushes
+    # where A starts: random (seed-derived; the identity at r = d) | pca, which the caller carries out with
+    # pipeline.pca.calibrate_stage before step 0 (it needs training batches, so building a stage cannot do it)
+    projector_init: str = "random"
 
     def __post_init__(self) -> None:
         codec_kind(self.kind)  # an unknown name fails here, not as a silent uncompressed boundary
+
+    @classmethod
+    def mapl(cls, dim: int, compression: int, *, vocab: int, boundary: int = 0, seed: int = 0, rvq_levels: int = 0,
+             microbatches: int = 1, **overrides: Any) -> CodecSpec:
+        """MAPL at r = dim / compression with the CLI's defaults (``slimpar.config.CODEC_DEFAULTS``): the spec
+        ``slimpar train --pipeline.codec mapl --pipeline.compression K`` builds for ``boundary``.
+
+        ``rvq_levels`` > 0 adds residual VQ with the default codebook settings; ``microbatches`` is the
+        schedule's count (it paces RVQ's codebook pushes). ``overrides`` take ``resolve_spec``'s keywords, in the
+        ``[pipeline]`` section's terms (``anchors="none"``, ``ids="send"``, ``projector_init="random"``, ``rank=``).
+        """
+        return resolve_spec("mapl", dim=dim, vocab=vocab, seed=seed, boundary=boundary, compression=compression,
+                            rvq=default_rvq(rvq_levels), microbatches=microbatches, **overrides)
 
     @property
     def codec(self) -> CodecKind:
@@ -100,6 +129,14 @@ class CodecSpec:
         return self.rank == self.dim
 
 
+def default_rvq(levels: int) -> RVQSpec | None:
+    """Residual VQ with ``levels`` levels and the recommended codebook settings; None for 0 levels (no RVQ)."""
+    if not levels:
+        return None
+    q = CODEC_DEFAULTS.rvq
+    return RVQSpec(levels, q.codebook, q.decay, q.commitment, q.sync_every, q.dead_threshold, q.update_every)
+
+
 def resolve_rank(codec: str, d: int, rank: int, compression: int) -> int:
     """r for a projector codec: ``rank`` when set, else d / compression; d for the other codecs."""
     if not codec_kind(codec).projects:
@@ -128,10 +165,35 @@ def resolve_projector_init(choice: ProjectorChoice, d: int) -> str:
 
     PCA is the default because it won in ``slimpar bench quality`` (MAPL 4x, d = 128, 2,000 steps, 3 seeds;
     docs/results/quality); at r = d the random start is the identity, so a full-rank codec stays exact."""
-    if choice.projector_init != "auto":
-        return choice.projector_init
     r = resolve_rank(choice.codec, d, choice.rank, choice.compression)
-    return "pca" if codec_kind(choice.codec).stiefel and r < d else "random"
+    return _projector_start(choice.codec, d, r, choice.projector_init)
+
+
+def _projector_start(codec: str, d: int, r: int, projector_init: str) -> str:
+    if projector_init != "auto":
+        return projector_init
+    return "pca" if codec_kind(codec).stiefel and r < d else "random"
+
+
+_D = CODEC_DEFAULTS  # keeps resolve_spec's signature readable
+
+
+def resolve_spec(codec: str, *, dim: int, vocab: int, seed: int, boundary: int = 0, rank: int = 0,
+                 compression: int = 1, anchors: str = _D.anchors, anchor_dim: int = _D.anchor_dim,
+                 anchor_form: str = _D.anchor_form, anchor_init: str = _D.anchor_init, ids: str = _D.ids,
+                 projector_init: str = _D.projector_init, rvq: RVQSpec | None = None,
+                 microbatches: int = 1) -> CodecSpec:
+    """The spec of one boundary from choices in the ``[pipeline]`` section's terms (``auto``, ``ids`` local | send),
+    resolved here for the trainer and the library alike; the keywords default to ``CODEC_DEFAULTS``.
+
+    ``rank`` 0 means dim / compression (the trainer may then refit r to a byte budget: pipeline/budget.py)."""
+    if ids not in ("local", "send"):  # anything else would silently read ids locally
+        raise ValueError(f"ids = {ids!r} is not one of: local, send")
+    r = resolve_rank(codec, dim, rank, compression)
+    return CodecSpec(kind=codec, boundary=boundary, dim=dim, rank=r, vocab=vocab, seed=seed,
+                     anchors=resolve_anchors(codec, anchors), anchor_dim=anchor_dim, anchor_form=anchor_form,
+                     anchor_init=anchor_init, ids_on_wire=ids == "send", rvq=rvq, microbatches=microbatches,
+                     projector_init=_projector_start(codec, dim, r, projector_init))
 
 
 @dataclass
