@@ -63,8 +63,13 @@ def test_mapl_snippet_runs_under_torchrun_and_sends_what_the_readme_says(tmp_pat
     proc = _torchrun(code, "mapl_example.py", tmp_path)
     payload = 2 * 2 * 32 * 16 * 4  # microbatches × 2 sequences × 32 tokens × rank 16 × fp32, each step
     a_grad = 64 * 16 + 64 * 4  # A's gradient part: int8 (d × r) and a float32 scale per row
+    # CodecSpec.mapl's PCA start, once: rank 0 sends A (d × r fp32) and the calibration codes (4 × 32 tokens × r fp32);
+    # its receiver-only anchors and locally read ids send nothing
+    pca = 64 * 16 * 4 + 4 * 32 * 16 * 4
     assert f"{payload:,} payload bytes a step" in README and f"{a_grad:,} bytes of A's" in README
-    assert f"rank 0 sent {3 * (payload + a_grad)} bytes in 3 steps" in proc.stdout, proc.stdout
+    assert f"rank 0 adds {pca:,} bytes once, for the PCA start" in README
+    assert f"rank 0 sent {3 * (payload + a_grad) + pca} bytes in 3 steps" in proc.stdout, proc.stdout
+    assert f"rank 1 sent {3 * (payload + a_grad)} bytes in 3 steps" in proc.stdout, proc.stdout
 
 
 def test_hf_sdp_snippet_runs_under_torchrun(tmp_path):
