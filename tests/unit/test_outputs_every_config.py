@@ -4,6 +4,7 @@ ETA and throughput, and validation on the way by default for long runs (``eval.e
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import slimpar.train.sinks.progress as progress
 import slimpar.train.trainer as trainer
@@ -17,7 +18,8 @@ def test_closing_table_is_printed_without_the_progress_bar(tmp_path, monkeypatch
     assert cfg.log.progress is False  # llama_tiny silences its bar
     tables = []
     monkeypatch.setattr(trainer, "print_summary", lambda summary, rows: tables.append(summary))
-    fake = SimpleNamespace(cfg=cfg, ctx=SimpleNamespace(out_dir=tmp_path, world=1), step_times=[0.1], losses=[2.0],
+    fake = SimpleNamespace(cfg=cfg, ctx=SimpleNamespace(out_dir=tmp_path, world=1, device=torch.device("cpu")),
+                           data=SimpleNamespace(vocab_size=512), step_times=[0.1], losses=[2.0],
                            strategy=SimpleNamespace(summary_extras=dict, summary_rows=lambda s: [],
                                                     val_gap_fix=lambda: ""),
                            guard=SimpleNamespace(skipped=[]), total=20, items_per_step=512, sinks=[],
@@ -25,6 +27,7 @@ def test_closing_table_is_printed_without_the_progress_bar(tmp_path, monkeypatch
     trainer.Trainer._write_outputs(fake, {"val_loss": 3.0}, [None], None)
     assert len(tables) == 1 and tables[0]["train_loss"] == 2.0
     assert (tmp_path / "summary.json").is_file()
+    assert tables[0]["mfu"] is None and tables[0]["model_flops_per_token"] > 0  # a CPU run: no peak to divide by
 
 
 def test_log_lines_carry_elapsed_eta_and_throughput(capsys):
