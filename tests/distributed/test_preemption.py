@@ -138,7 +138,10 @@ def test_a_killed_launcher_leaves_no_worker_and_its_workers_hold_the_folder(tmp_
             os.kill(pid, signal.SIGKILL)
         run.__exit__(None, None, None)
     saved = len(_steps(out))
-    assert saved in (step, step + 1) and (out / "checkpoints" / f"step_{saved:06d}" / "trainer.json").is_file()
+    # step + 2 too: a worker stopped after it had sent step step+1's guard all-reduce (its stop flag 0 then, and
+    # rank 0 not yet logging that step) takes the death signal into step step+2's (CI at 6afa9fc, once in four runs)
+    assert saved in (step, step + 1, step + 2)
+    assert (out / "checkpoints" / f"step_{saved:06d}" / "trainer.json").is_file()
 
 
 def test_past_the_grace_a_stop_exits_without_the_save_and_says_so(tmp_path):
