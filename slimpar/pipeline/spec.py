@@ -8,8 +8,8 @@ is processing, which anchors and SSN need on both sides.
 
 ``resolve_spec`` is the one path from the user's choices to a spec: the trainer calls it with its run config's
 ``[pipeline]`` values (slimpar.train.strategies.pipeline_specs) and ``CodecSpec.mapl`` with the recommended
-defaults, ``slimpar.config.CODEC_DEFAULTS``, which the ``[pipeline]`` section defaults to as well. That record of
-constants is all this module takes from config.py; it never reads a run config.
+defaults, ``slimpar.codec_defaults.CODEC_DEFAULTS``, which the ``[pipeline]`` section defaults to as well; this
+module never reads a run config.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from slimpar.codec_defaults import CODEC_DEFAULTS
 from slimpar.codecs.anchors import rows_for
 from slimpar.codecs.packing import UINT16_LIMIT
-from slimpar.config import CODEC_DEFAULTS
 from slimpar.parallel.device import to_device
 from slimpar.parallel.syncs import host_only
 from slimpar.pipeline.codec_kinds import CODEC_KINDS, CodecKind, codec_kind
@@ -75,7 +75,7 @@ class CodecSpec:
     @classmethod
     def mapl(cls, dim: int, compression: int, *, vocab: int, boundary: int = 0, seed: int = 0, rvq_levels: int = 0,
              microbatches: int = 1, **overrides: Any) -> CodecSpec:
-        """MAPL at r = dim / compression with the CLI's defaults (``slimpar.config.CODEC_DEFAULTS``): the spec
+        """MAPL at r = dim / compression with the CLI's defaults (``slimpar.codec_defaults``): the spec
         ``slimpar train --pipeline.codec mapl --pipeline.compression K`` builds for ``boundary``.
 
         ``rvq_levels`` > 0 adds residual VQ with the default codebook settings; ``microbatches`` is the
@@ -129,11 +129,11 @@ class CodecSpec:
         return self.rank == self.dim
 
 
-def default_rvq(levels: int) -> RVQSpec | None:
-    """Residual VQ with ``levels`` levels and the recommended codebook settings; None for 0 levels (no RVQ)."""
+def default_rvq(levels: int, q=CODEC_DEFAULTS.rvq) -> RVQSpec | None:
+    """Residual VQ with ``levels`` levels and the codebook settings of ``q`` (default: the recommended ones; the
+    trainer passes its ``[pipeline.rvq]`` section); None for 0 levels (no RVQ)."""
     if not levels:
         return None
-    q = CODEC_DEFAULTS.rvq
     return RVQSpec(levels, q.codebook, q.decay, q.commitment, q.sync_every, q.dead_threshold, q.update_every)
 
 

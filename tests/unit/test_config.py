@@ -78,9 +78,7 @@ def test_missing_data_package_names_the_fix(monkeypatch):
 def test_every_field_is_documented():
     import inspect
 
-    import slimpar.config as module
-
-    source = inspect.getsource(module)
+    source = inspect.getsource(inspect.getmodule(Config))  # the tree's module (config_sections.py)
     for section in to_dict(Config()):
         cls = type(getattr(Config(), section)).__name__
         body = source.split(f"class {cls}:")[1].split("\n\n\n")[0]

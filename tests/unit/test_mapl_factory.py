@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from slimpar.config import CODEC_DEFAULTS, PipelineConfig, RVQConfig
+from slimpar.codec_defaults import CODEC_DEFAULTS
+from slimpar.config import PipelineConfig, RVQConfig
 from slimpar.pipeline import CodecSpec
 from slimpar.train.strategies.pipeline_specs import codec_specs
 from slimpar.train.validate.checks import load_run_config
