@@ -256,15 +256,15 @@ class Trainer:
     def _write_outputs(self, results: dict, per_rank: list, full) -> None:
         cfg, ctx = self.cfg, self.ctx
         st = median_step_time(self.step_times)
+        tokens_per_s = self.items_per_step / st if st else None
         summary = {
             "mode": cfg.parallel.mode,
             "train_loss": self.losses[-1] if self.losses else float("nan"),
             **results,
             **(merge_ranks(per_rank) if per_rank and per_rank[0] is not None else {}),
             "step_time_s": st,
-            "tokens_per_s": self.items_per_step / st if st else None,
-            **speed_fields(cfg, getattr(self.data, "vocab_size", None), self.items_per_step / st if st else None,
-                           ctx.device, ctx.world),
+            "tokens_per_s": tokens_per_s,
+            **speed_fields(cfg, getattr(self.data, "vocab_size", None), tokens_per_s, ctx.device, ctx.world),
             **self.strategy.summary_extras(),
             **({"compile": merge_watches([r.get("compile") for r in per_rank if r])} if cfg.train.compile else {}),
             "world_size": ctx.world,

@@ -11,7 +11,7 @@ import dataclasses
 
 from slimpar.config import Config, ConfigError
 from slimpar.pipeline.budget import StepShape, fit_rank
-from slimpar.pipeline.spec import CodecSpec, RVQSpec, resolve_spec
+from slimpar.pipeline.spec import CodecSpec, default_rvq, resolve_spec
 from slimpar.pipeline.training import MaplTrainingSpec
 from slimpar.train.build import total_steps
 
@@ -20,10 +20,7 @@ def codec_specs(cfg: Config, d: int, vocab: int) -> list[CodecSpec]:
     """One spec per boundary p = 0..P−2 from ``cfg.pipeline``, through ``resolve_spec``: the path
     ``CodecSpec.mapl`` takes too, so the library's MAPL is the CLI's."""
     pc = cfg.pipeline
-    rvq = None
-    if pc.rvq.levels:
-        q = pc.rvq
-        rvq = RVQSpec(q.levels, q.codebook, q.decay, q.commitment, q.sync_every, q.dead_threshold, q.update_every)
+    rvq = default_rvq(pc.rvq.levels, pc.rvq)
     spec = resolve_spec(pc.codec, dim=d, vocab=vocab, seed=cfg.train.seed, rank=pc.rank, compression=pc.compression,
                         anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
                         anchor_init=pc.anchor_init, ids=pc.ids, projector_init=pc.projector_init, rvq=rvq,
