@@ -201,6 +201,12 @@ def _sample(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _plan(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.fit:
+        if args.memory or args.ranks:
+            raise ConfigError("plan --fit scores every candidate itself: leave out --memory and --ranks")
+        from slimpar.commands.plan_fit import fit_command
+
+        return fit_command(args, rest)
     if args.memory:
         from slimpar.commands.plan_memory import memory_command
 
@@ -301,10 +307,16 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                          "without allocating it (docs/memory.md)")
     pl.add_argument("--ranks", default=None, metavar="R,R",
                     help="with --memory: only these workers (default: all)")
+    pl.add_argument("--fit", action="store_true",
+                    help="rank DDP, FSDP2, SDP, pipelines and the hybrid for the config's model on a cluster "
+                         "(--cluster.preset h100|h200|a100-80gb|l4|this, --cluster.nodes, --cluster.gpus_per_node, "
+                         "--cluster.gpu_memory, --cluster.intra_gbps, --cluster.inter_gbps, --cluster.tflops, "
+                         "--cluster.mfu; --fit.objective time|time_at_quality|memory, --fit.max_gap, --fit.tokens, "
+                         "--fit.jobs, --fit.candidates): memory, bytes, step time and loss gap (docs/planning.md)")
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
     b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock", "memory", "readme", "gpu",
-                                         "modes", "throughput"],
+                                         "modes", "throughput", "fit"],
                    help="readme: write the measured blocks of README.md and docs/results from the committed results "
                         "(no --out)")
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")

@@ -66,6 +66,14 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
         from slimpar.bench.network.wallclock import bench_wallclock
 
         data = bench_wallclock(out, args.quick, _names(args.rows))
+    elif args.which == "fit":
+        import os
+
+        if os.geteuid() != 0:
+            raise ConfigError("slimpar bench fit builds network namespaces and needs root")
+        from slimpar.bench.fit import bench_fit
+
+        data = bench_fit(out, args.quick)
     elif args.which == "memory":
         from slimpar.bench.memory import bench_memory
 

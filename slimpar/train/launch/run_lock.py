@@ -51,7 +51,7 @@ def run_lock(out_dir: Path) -> Iterator[None]:
                 f"folder would mix their metrics and checkpoints. Wait for it to end, stop it (kill {holder}), or "
                 f"pass another --out") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()}\n{_torchrun_job()}\n".encode(), 0)
         _refuse_live_workers(out_dir)
         yield
     finally:
@@ -60,6 +60,13 @@ def run_lock(out_dir: Path) -> Iterator[None]:
 
 def _job_key(launcher: int) -> str:
     return f"{socket.gethostname()}-{launcher}"
+
+
+def _torchrun_job() -> str:
+    """This torchrun job's rendezvous id (the same on every node of one job), or "" outside torchrun or where the
+    id is torchrun's default "none" (two such jobs could not be told apart)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return "" if run_id in ("", "none") else run_id
 
 
 def hold_worker_lock(out_dir: Path) -> None:
@@ -71,7 +78,7 @@ def hold_worker_lock(out_dir: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder / f"{_job_key(os.getppid())}-{os.getpid()}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()}\n{_torchrun_job()}\n".encode(), 0)
     except OSError:
         return
 
@@ -93,8 +100,10 @@ def live_workers(out_dir: Path) -> list[int]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             path.unlink(missing_ok=True)  # its worker has exited
-        except BlockingIOError:
-            pids.append(int(path.stem.rsplit("-", 1)[1]))
+        except BlockingIOError:  # a live worker: of another job, unless it is this torchrun job on another node
+            job = _torchrun_job()  # (nodes that share a hostname, e.g. network namespaces of one machine)
+            if not job or os.pread(fd, 4096, 0).decode(errors="replace").split("\n")[1:2] != [job]:
+                pids.append(int(path.stem.rsplit("-", 1)[1]))
         except OSError:
             pass
         finally:

@@ -1,0 +1,69 @@
+"""``slimpar plan --fit`` against real runs: its memory is the run's (the same fake-tensor step), and its traffic
+model's bytes per rank are the trainer's instrumented bytes (gloo's ring all-reduces, the pipeline's sends).
+
+4 gloo workers of the tiny LLaMA, instrumented at step 1. The trainer also sends a few small tensors the model
+leaves out (the clip norm, the loss, DDP's buffers): within 2%."""
+
+from __future__ import annotations
+
+import pytest
+
+from slimpar.config import load_config
+from slimpar.plan.cluster import ClusterConfig, resolve_cluster
+from slimpar.plan.fit import FitConfig, fit
+from tests.helpers import TINY, LazyRuns, run_train, summary
+
+COMMON = ["--parallel.workers", "4", "--train.steps", "2", "--log.measure_step", "1", "--eval.batches", "1",
+          "--data.ood", "none", "--checkpoint.export", "false", "--checkpoint.final", "false"]
+CASES = ["DDP", "B-SDP 1/2", pytest.param("B-SDP 1/2 + FSDP2 2", marks=pytest.mark.slow),
+         pytest.param("FSDP2", marks=pytest.mark.slow), "pipeline 4 x 1, MAPL 4x"]
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    import os
+
+    os.environ["SLIMPAR_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    cluster = resolve_cluster(ClusterConfig(preset="this", nodes=2, gpus_per_node=2, gpu_memory="4GiB",
+                                            intra_gbps=10.0, inter_gbps=1.0, tflops=1.0, mfu=1.0))
+    names = ",".join(c if isinstance(c, str) else c.values[0] for c in CASES)
+    rows = fit(load_config(TINY), cluster, FitConfig(candidates=names))
+    return {r.candidate.name: r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, planned):
+    root = tmp_path_factory.mktemp("fit_runs")
+
+    def make(name: str) -> dict:
+        out = root / name.replace(" ", "_").replace("/", "_").replace("+", "p").replace(",", "")
+        run_train(out, *COMMON, *planned[name].candidate.overrides)
+        return summary(out)
+
+    return LazyRuns(make)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_memory_is_the_runs(planned, runs, name):
+    s = runs[name]
+    for rank, peak in planned[name].peaks.items():
+        assert peak == pytest.approx(s["per_rank"][rank]["mem"]["peak_live"], rel=0.01)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bytes_per_rank_are_the_runs(planned, runs, name):
+    r = planned[name]
+    sent = [x["comm_bytes_sent"] for x in runs[name]["per_rank"]]
+    model = [r.config and _sent(r, k) for k in range(4)]
+    assert model == pytest.approx(sent, rel=0.02)
+
+
+def _sent(r, rank: int) -> float:
+    from slimpar.plan.workload import workload
+
+    return workload(r.config, _cluster()).traffic.total.sent.get(rank, 0.0)
+
+
+def _cluster():
+    return resolve_cluster(ClusterConfig(preset="this", nodes=2, gpus_per_node=2, gpu_memory="4GiB",
+                                         intra_gbps=10.0, inter_gbps=1.0, tflops=1.0, mfu=1.0))
