@@ -24,7 +24,7 @@ def codec_specs(cfg: Config, d: int, vocab: int) -> list[CodecSpec]:
     spec = resolve_spec(pc.codec, dim=d, vocab=vocab, seed=cfg.train.seed, rank=pc.rank, compression=pc.compression,
                         anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
                         anchor_init=pc.anchor_init, ids=pc.ids, projector_init=pc.projector_init, rvq=rvq,
-                        microbatches=pc.microbatches)
+                        microbatches=pc.microbatches, options=pc.codec_options)
     r = run_rank(cfg, spec)
     if r < 1:
         raise ConfigError(f"pipeline.compression = {pc.compression} with compression_of = 'total': even rank 1 sends "
