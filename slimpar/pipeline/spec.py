@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -152,25 +152,12 @@ def resolve_anchors(codec: str, anchors: str) -> str:
     return "factorized" if codec_kind(codec).stiefel else "none"
 
 
-class ProjectorChoice(Protocol):
-    """What decides where A starts (the run config's ``[pipeline]`` section is one)."""
-
-    codec: str  # the codec kind's name
-    rank: int  # r; 0 = d / compression
-    compression: int  # d / r when rank is 0
-    projector_init: str  # auto | random | pca
-
-
-def resolve_projector_init(choice: ProjectorChoice, d: int) -> str:
+def resolve_projector_init(codec: str, d: int, r: int, projector_init: str) -> str:
     """``projector_init`` with ``auto`` resolved: ``pca`` for a Stiefel projector (MAPL) with r < d, else ``random``.
 
     PCA is the default because it won in ``slimpar bench quality`` (MAPL 4x, d = 128, 2,000 steps, 3 seeds;
-    docs/results/quality); at r = d the random start is the identity, so a full-rank codec stays exact."""
-    r = resolve_rank(choice.codec, d, choice.rank, choice.compression)
-    return _projector_start(choice.codec, d, r, choice.projector_init)
-
-
-def _projector_start(codec: str, d: int, r: int, projector_init: str) -> str:
+    docs/results/quality); at r = d the random start is the identity, so a full-rank codec stays exact. ``r`` is
+    the boundary's final rank: the trainer resolves its spec once r is decided (pipeline_specs.codec_specs)."""
     if projector_init != "auto":
         return projector_init
     return "pca" if codec_kind(codec).stiefel and r < d else "random"
@@ -195,7 +182,7 @@ def resolve_spec(codec: str, *, dim: int, vocab: int, seed: int, boundary: int =
     return CodecSpec(kind=codec, boundary=boundary, dim=dim, rank=r, vocab=vocab, seed=seed,
                      anchors=resolve_anchors(codec, anchors), anchor_dim=anchor_dim, anchor_form=anchor_form,
                      anchor_init=anchor_init, ids_on_wire=ids == "send", rvq=rvq, microbatches=microbatches,
-                     projector_init=_projector_start(codec, dim, r, projector_init),
+                     projector_init=resolve_projector_init(codec, dim, r, projector_init),
                      settings=codec_settings(codec, options, dim))
 
 

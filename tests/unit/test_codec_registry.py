@@ -5,10 +5,13 @@ positions; backward, the receiver does the same to the gradient. Its setting k i
 given as ``--pipeline.codec_options k=8``, checked by the kind (1 <= k <= d). Registered, it trains in a
 virtual pipeline through the real CLI, sends per step what a hand count says (tokens x k x (4 + 2) bytes each
 way), resumes from a checkpoint to the bit, and its checkpoint is tied to its k. No file of slimpar names it.
+The top-k snippet of docs/pipeline.md ("Adding a codec") runs as written and sends what its text says.
 """
 
 from __future__ import annotations
 
+import re
+import runpy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from slimpar.pipeline.wire import Packet, WireSpec
 from slimpar.train.build import build_data
 from slimpar.train.strategies.pipeline_specs import codec_specs, step_shape
 from slimpar.train.validate.checks import load_run_config
-from tests.helpers import TINY, VIRTUAL_PIPELINE, assert_same_run, losses, summary, train_virtual_pipeline
+from tests.helpers import ROOT, TINY, VIRTUAL_PIPELINE, assert_same_run, losses, summary, train_virtual_pipeline
 
 D, K = 64, 8  # the tiny LLaMA's width; entries kept per token
 RUN = [*VIRTUAL_PIPELINE, "--pipeline.stages", "2", "--pipeline.microbatches", "2", "--pipeline.codec", "topk",
@@ -137,3 +140,19 @@ def test_trains_resumes_exactly_and_ties_its_checkpoint_to_k(topk, tmp_path, mon
     capsys.readouterr()
     assert _train(split, "--resume", "--pipeline.codec_options", "k=4", "--train.steps", "4") == 2
     assert "pipeline.codec_options.k: checkpoint 8, this run 4" in capsys.readouterr().err
+
+
+def test_the_docs_snippet_registers_trains_and_sends_what_its_text_says(tmp_path, monkeypatch) -> None:
+    doc = (ROOT / "docs" / "pipeline.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if b.startswith("# my_codec.py")]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_codec.py").write_text(code)
+    try:
+        runpy.run_path(str(tmp_path / "my_codec.py"), run_name="__main__")  # python my_codec.py, in this process
+    finally:
+        unregister_codec("topk")
+    s = summary(tmp_path / "runs" / "topk")
+    tokens, k, none = 8 * 64, 16, 8 * 64 * D * 4
+    assert s["boundary_bytes_per_step_fwd"] == s["boundary_bytes_per_step_bwd"] == tokens * k * 6 == 49_152
+    assert s["comm_bytes_per_step_none"] == none == 131_072 and 49_152 / none == 0.375
+    assert "= 49,152 bytes each way, 0.375 of the uncompressed 131,072" in " ".join(doc.split())
