@@ -119,6 +119,17 @@ def test_virtual_pipeline_sends_the_hand_counted_bytes(topk) -> None:
     assert steady_bytes(spec, step_shape(cfg)) == {"fwd": hand, "bwd": hand}  # the budget reads the declaration
 
 
+def test_the_layout_records_the_resolved_settings_and_built_in_layouts_are_unchanged(topk) -> None:
+    from slimpar.train.checkpoint.layout import checkpoint_layout
+
+    def tied(*args: str) -> dict:
+        return checkpoint_layout(load_run_config(TINY, list(args)))["pipeline"]
+
+    assert tied(*RUN[:-1], " k = 8 ")["codec_options"] == tied(*RUN)["codec_options"] == {"k": 8}  # typed, by value
+    assert tied(*RUN[:-2])["codec_options"] == {"k": 4}  # the default, spelled out
+    assert "codec_options" not in tied(*VIRTUAL_PIPELINE, "--pipeline.codec", "mapl")  # as before codecs had settings
+
+
 def _train(out: Path, *extra: str) -> int:
     return main(["train", "--config", str(TINY), "--out", str(out), "--data.ood", "none", "--train.steps", "3",
                  "--checkpoint.final", "false", *RUN, *extra])
