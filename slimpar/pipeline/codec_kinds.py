@@ -14,8 +14,9 @@ the rest, and every place that used to switch on the name reads it from here:
 
 Each row is a ``CodecKind`` registered in ``codec_registry.CODEC_KINDS``, which declares everything a codec is:
 its projector, its cast, its traits, its own typed settings (``pipeline.codec_options``), their check and its bytes
-per token. A new codec is one module (its cast and settings) and one ``register_codec`` entry below; a codec of
-a user's own registers the same way from outside slimpar (docs/pipeline.md, "Adding a codec").
+per token. A new codec is its math in one module of slimpar/codecs/ (as quant.py is int8's) and one entry below
+(its cast over that math, its settings and its ``CodecKind``); a codec of a user's own registers the same way
+from outside slimpar (docs/pipeline.md, "Adding a codec").
 """
 
 from __future__ import annotations

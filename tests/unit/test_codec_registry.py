@@ -149,7 +149,8 @@ def test_trains_resumes_exactly_and_ties_its_checkpoint_to_k(topk, tmp_path, mon
     assert s["comm_bytes_per_step_fwd"] == s["comm_bytes_per_step_bwd"] == hand
     assert s["compression_ratio"] == pytest.approx(D * 4 / (K * 6))
     capsys.readouterr()
-    assert _train(split, "--resume", "--pipeline.codec_options", "k=4", "--train.steps", "4") == 2
+    # --allow-change lets a resume change a defining setting; the checkpoint's layout still refuses another k
+    assert _train(split, "--resume", "--allow-change", "--pipeline.codec_options", "k=4", "--train.steps", "4") == 2
     assert "pipeline.codec_options.k: checkpoint 8, this run 4" in capsys.readouterr().err
 
 
