@@ -246,8 +246,9 @@ def test_bench_rows_for_the_projector_ablations_are_valid() -> None:
 ])
 def test_auto_projector_init_is_pca_for_compressing_mapl(args, expected):
     from slimpar.config import load_config
-    from slimpar.pipeline.spec import resolve_projector_init
+    from slimpar.train.strategies.pipeline_specs import codec_specs
 
     cfg = load_config(None, ["--pipeline.codec", "mapl", *args])
     assert cfg.pipeline.projector_init == ("random" if "random" in args else "auto")
-    assert resolve_projector_init(cfg.pipeline, 64) == expected
+    specs = codec_specs(cfg, 64, 512)  # the one place a run's r, and the start that follows from it, is decided
+    assert {s.projector_init for s in specs} == {expected}
