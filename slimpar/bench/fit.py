@@ -81,7 +81,7 @@ def _measure(name: str, overrides: tuple[str, ...], rate: float, out: Path) -> d
     line = run_one("fit", name, list(overrides), rate, STEPS[rate], out)
     run_dir = out / "runs" / f"fit-{name}-{rate:g}mbit".replace(" ", "_").replace("+", "p").replace(".", "_")
     summary = json.loads((run_dir / "summary.json").read_text())
-    line["peak_by_rank"] = {r["rank"]: r["mem"]["peak_live"] for r in summary["per_rank"]}
+    line["peak_by_rank"] = {i: r["mem"]["peak_live"] for i, r in enumerate(summary["per_rank"])}
     return line
 
 
@@ -97,7 +97,7 @@ def bench_fit(out: Path, quick: bool = False) -> dict:
         for name in rows:
             p = predicted[name]
             m = _measure(name, p.candidate.overrides, rate, out)
-            mem_err = [abs(p.peaks[k] - m["peak_by_rank"][str(k)]) / m["peak_by_rank"][str(k)] for k in p.peaks]
+            mem_err = [abs(p.peaks[k] - m["peak_by_rank"][k]) / m["peak_by_rank"][k] for k in p.peaks]
             lines.append({"row": name, "rate_mbit": rate, "predicted_step_s": p.step_s,
                           "measured_step_s": m["step_time_s"], "predicted_inter_bytes": p.bytes_inter,
                           "measured_inter_bytes": m["bytes_per_step"],

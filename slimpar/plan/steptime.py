@@ -5,8 +5,8 @@ With c = FLOPs / (peak x MFU) per worker and each communication phase's time fro
 - DDP and SDP: ``fwd + max(bwd, sync) + last bucket`` — gradients are all-reduced in buckets while the
   backward runs (DDP's reducer, SDP's holder buckets), and the last bucket (25 MiB, DDP's default) waits
   for the backward to end;
-- FSDP2 (and SDP's 2-D layout): ``max(fwd, gather) + max(bwd, gather + reduce-scatter [+ holder sync])`` —
-  the all-gathers are prefetched under the compute;
+- FSDP2 (and SDP's 2-D layout): ``max(fwd, gather) + max(bwd, gather again + reduce-scatter [+ holder
+  sync])`` — the all-gathers are prefetched under the compute;
 - then, for every mode, what runs after the backward: the backward regime's refresh broadcasts;
 - pipelines (GPipe and 1F1B alike): each direction of M microbatches through P stages and P - 1 links is a
   flow line, ``sum(stage + link times) + (M - 1) x the slowest of them``; the hybrid's holder sync runs
@@ -34,8 +34,7 @@ def step_seconds(w: Workload, cluster: Cluster, mode: str, fsdp_layout: bool) ->
     fwd, bwd = w.fwd / rate, w.bwd / rate
     sync = t.overlap.seconds()
     if fsdp_layout:
-        gather = t.gather.seconds()
-        step = max(fwd, gather) + max(bwd, gather + sync)
+        step = max(fwd, t.gather.seconds()) + max(bwd, sync)
     else:
         step = fwd + max(bwd, sync) + _last_bucket(t.overlap, sync)
     step += t.exposed.seconds()

@@ -13,14 +13,16 @@ link, which all its workers share. So a phase of communication takes
 ``max(busiest worker's intra bytes / intra_gbps, busiest node's inter bytes / inter_gbps)``.
 
 What each mode sends per step (gradients in fp32, as slimpar's trainer keeps them):
-DDP all-reduces every gradient; FSDP2 all-gathers the parameters twice (forward and backward, in the
-compute dtype) and reduce-scatters the gradients; SDP all-reduces each component's gradient among its
+DDP all-reduces every gradient; FSDP2 all-gathers the parameters in forward and the blocks' again in
+backward (the root module, embedding, final norm and head, stays gathered), in the compute dtype, and
+reduce-scatters the gradients; SDP all-reduces each component's gradient among its
 holders (slimpar.sdp.plan), the shared parameters among everyone, and in the backward regime broadcasts the
 components a worker does not hold every ``refresh_every`` steps; with ``sdp.fsdp F`` each replica is F
 consecutive ranks that FSDP2-shard its subnetwork, and holders sync shard by shard. A pipeline's boundaries
 send the codec's exact steady-state bytes (slimpar.pipeline.budget), its stage replicas all-reduce the stage's
 gradients (the hybrid: among holders only, keep x the stage's bytes over round(keep x R) replicas; an
-approximation of the stage plan), and a tied embedding's gradient crosses between the first and last stage.
+approximation of the stage plan), and a tied embedding's gradient crosses between the first and last stage
+(the head's whole, the embedding's rows of the step's distinct ids, counted at their most: min(tokens, V)).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class Traffic:
     """A candidate's communication per step: the phases the step-time model overlaps differently."""
 
     overlap: Load  # during backward (DDP's and SDP's buckets, FSDP2's reduce-scatter)
-    gather: Load  # FSDP2: one all-gather of the parameters (done in forward and again in backward)
+    gather: Load  # FSDP2: the forward's all-gather of the parameters (the backward's is in ``overlap``)
     exposed: Load  # after the backward: pipeline replica sync, tied gradients, SDP refresh
     boundaries: list[Boundary] = field(default_factory=list)  # replica 0's, in stage order
     total: Load | None = None  # everything in one step (the table's bytes)
@@ -111,9 +113,9 @@ def new_traffic(cluster: Cluster) -> Traffic:
 
 
 def finish(t: Traffic, boundary_load: Load) -> Traffic:
-    """Sum the phases (the gather twice) and the boundaries into ``t.total``."""
+    """Sum the phases and the boundaries into ``t.total``."""
     total = Load(t.overlap.cluster)
-    for part in (t.overlap, t.gather, t.gather, t.exposed, boundary_load):
+    for part in (t.overlap, t.gather, t.exposed, boundary_load):
         total.add(part)
     t.total = total
     return t

@@ -77,6 +77,7 @@ def workload(cfg: Config, cluster: Cluster) -> Workload:
         w.fwd, w.bwd = full / 3, 2 * full / 3
     elif mode == "fsdp":
         t.gather.gather(ranks, s.params * _compute_bytes(cfg))
+        t.overlap.gather(ranks, s.layers * s.block_params * _compute_bytes(cfg))  # the blocks again, in backward
         t.overlap.gather(ranks, grads)
         w.fwd, w.bwd = full / 3, 2 * full / 3
     elif mode == "sdp":
@@ -127,6 +128,7 @@ def _sdp(cfg: Config, cluster: Cluster, t: Traffic) -> float:
             group = list(range(i * f, (i + 1) * f))
             held = plan.bytes_per_worker[i] // 4
             t.gather.gather(group, held * _compute_bytes(cfg))
+            t.overlap.gather(group, (held - plan.shared_numel) * _compute_bytes(cfg))  # blocks again in backward
             t.overlap.gather(group, held * 4)
     return max(plan.keep_bytes_per_worker)
 
@@ -167,11 +169,13 @@ def _pipeline(cfg: Config, cluster: Cluster, s: Shape, tokens: int, ac: bool) ->
     else:
         for i in range(p):
             t.exposed.all_reduce([r * p + i for r in range(replicas)], stage_params[i] * 4)
-    if cfg.model.tie_embeddings and p > 1:
+    if cfg.model.tie_embeddings and p > 1:  # the embedding's rows of the step's ids (at most), the head's all
+        elem = {"fp32": 4, "bf16": 2, "int8": 1}[cfg.pipeline.tied_sync_dtype]
+        rows = min(tokens // replicas, s.vocab)
         for rep in range(replicas):
             a, b = rep * p, rep * p + p - 1
-            t.exposed.edge(a, b, s.vocab * s.dim * 4)
-            t.exposed.edge(b, a, s.vocab * s.dim * 4)
+            t.exposed.edge(a, b, rows * s.dim * elem)
+            t.exposed.edge(b, a, s.vocab * s.dim * elem)
     w.traffic = finish(t, bounds)
     return w
 

@@ -1,8 +1,10 @@
 """``slimpar plan --fit`` against real runs: its memory is the run's (the same fake-tensor step), and its traffic
 model's bytes per rank are the trainer's instrumented bytes (gloo's ring all-reduces, the pipeline's sends).
 
-4 gloo workers of the tiny LLaMA, instrumented at step 1. The trainer also sends a few small tensors the model
-leaves out (the clip norm, the loss, DDP's buffers): within 2%."""
+4 gloo workers of the tiny LLaMA, instrumented at step 2 (the steady state: DDP rebuilds its buckets at step 1).
+The trainer also sends a few small tensors the model leaves out (the clip norm, the loss, DDP's buffers): within
+2%. A tied embedding's gradient rows depend on the batch's distinct ids, which the model counts at their most:
+there the model is an upper bound."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from slimpar.plan.cluster import ClusterConfig, resolve_cluster
 from slimpar.plan.fit import FitConfig, fit
 from tests.helpers import TINY, LazyRuns, run_train, summary
 
-COMMON = ["--parallel.workers", "4", "--train.steps", "2", "--log.measure_step", "1", "--eval.batches", "1",
+COMMON = ["--parallel.workers", "4", "--train.steps", "3", "--log.measure_step", "2", "--eval.batches", "1",
           "--data.ood", "none", "--checkpoint.export", "false", "--checkpoint.final", "false"]
 CASES = ["DDP", "B-SDP 1/2", pytest.param("B-SDP 1/2 + FSDP2 2", marks=pytest.mark.slow),
          pytest.param("FSDP2", marks=pytest.mark.slow), "pipeline 4 x 1, MAPL 4x"]
@@ -54,8 +56,11 @@ def test_memory_is_the_runs(planned, runs, name):
 def test_bytes_per_rank_are_the_runs(planned, runs, name):
     r = planned[name]
     sent = [x["comm_bytes_sent"] for x in runs[name]["per_rank"]]
-    model = [r.config and _sent(r, k) for k in range(4)]
-    assert model == pytest.approx(sent, rel=0.02)
+    model = [_sent(r, k) for k in range(4)]
+    bound = {0} if r.config.parallel.mode == "pipeline" and r.config.model.tie_embeddings else set()
+    assert [m for k, m in enumerate(model) if k not in bound] == pytest.approx(
+        [x for k, x in enumerate(sent) if k not in bound], rel=0.02)
+    assert all(sent[k] <= model[k] for k in bound)
 
 
 def _sent(r, rank: int) -> float:

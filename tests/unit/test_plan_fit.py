@@ -62,12 +62,14 @@ def test_ddp_ring_bytes_by_hand():
 
 
 def test_fsdp_gathers_twice_and_scatters_once():
+    """bf16 parameters gathered in forward, the blocks' again in backward (the root stays), fp32 gradients."""
     cfg = _cfg("--parallel.mode", "fsdp", "--train.dtype", "bf16")
     t = workload(cfg, _cluster()).traffic
-    p = shape_of(cfg).params
-    assert t.gather.inter_max == pytest.approx(3 / 4 * p * 2)  # bf16 parameters
-    assert t.overlap.inter_max == pytest.approx(3 / 4 * p * 4)  # fp32 gradients
-    assert t.total.inter_max == pytest.approx(3 / 4 * p * (2 + 2 + 4))
+    s = shape_of(cfg)
+    blocks = s.layers * s.block_params
+    assert t.gather.inter_max == pytest.approx(3 / 4 * s.params * 2)
+    assert t.overlap.inter_max == pytest.approx(3 / 4 * (blocks * 2 + s.params * 4))
+    assert t.total.inter_max == pytest.approx(3 / 4 * (s.params * 2 + blocks * 2 + s.params * 4))
 
 
 def test_pipeline_boundary_crosses_between_nodes():
