@@ -66,6 +66,7 @@ class Cluster:
     tflops: float
     mfu: float
     notes: tuple[str, ...] = field(default=())
+    gloo: bool = False  # CPU workers: gloo's collectives (its reduce-scatter costs an all-reduce's bytes)
 
     @property
     def workers(self) -> int:
@@ -143,9 +144,10 @@ def resolve_cluster(cc: ClusterConfig, measured_mfu: float | None = None) -> Clu
     if not intra:
         intra = THIS_INTRA_GBPS
         notes.append(f"intra-node link assumed {intra:g} Gbit/s (not measured; --cluster.intra_gbps)")
+    gloo = cc.preset == "this" and not _local_gpus_cuda()
     return Cluster(name=cc.preset, nodes=cc.nodes, gpus_per_node=per_node, gpu_memory=memory,
                    intra_gbps=intra, inter_gbps=cc.inter_gbps,
-                   tflops=cc.tflops or base.tflops, mfu=mfu, notes=tuple(notes))
+                   tflops=cc.tflops or base.tflops, mfu=mfu, notes=tuple(notes), gloo=gloo)
 
 
 def _local_gpus_cuda() -> int:

@@ -156,8 +156,8 @@ def _score(base: Config, cand: Candidate, cluster: Cluster, tokens_per_param: fl
     except ConfigError as e:
         return Scored(cand, None, error=str(e), why=f"refused: {e}")
     w = workload(cfg, cluster)
-    t = step_seconds(w, cluster, cfg.parallel.mode, cfg.parallel.mode == "fsdp" or cfg.sdp.fsdp > 1
-                     and cfg.parallel.mode == "sdp")
+    layout_2d = cfg.parallel.mode == "fsdp" or (cfg.parallel.mode == "sdp" and cfg.sdp.fsdp > 1)
+    t = step_seconds(w, cluster, cfg.parallel.mode, layout_2d, cfg.pipeline.schedule)
     tokens = cfg.train.batch_size * cfg.data.seq_len
     return Scored(cand, cfg, bytes_intra=w.traffic.total.intra_max, bytes_inter=w.traffic.total.inter_max,
                   compute_s=t["compute"], step_s=t["step"], tokens_per_s=tokens / t["step"],

@@ -2,14 +2,17 @@
 
 With c = FLOPs / (peak x MFU) per worker and each communication phase's time from slimpar/plan/traffic.py:
 
-- DDP and SDP: ``fwd + max(bwd, sync) + last bucket`` — gradients are all-reduced in buckets while the
-  backward runs (DDP's reducer, SDP's holder buckets), and the last bucket (25 MiB, DDP's default) waits
-  for the backward to end;
+- DDP and SDP: ``fwd + max(bwd, sync - last bucket) + last bucket`` — gradients are all-reduced in buckets
+  while the backward runs (DDP's reducer, SDP's holder buckets), and the last bucket (25 MiB, DDP's default;
+  all of a smaller model's gradients) is sent after the backward;
 - FSDP2 (and SDP's 2-D layout): ``max(fwd, gather) + max(bwd, gather again + reduce-scatter [+ holder
   sync])`` — the all-gathers are prefetched under the compute;
 - then, for every mode, what runs after the backward: the backward regime's refresh broadcasts;
-- pipelines (GPipe and 1F1B alike): each direction of M microbatches through P stages and P - 1 links is a
-  flow line, ``sum(stage + link times) + (M - 1) x the slowest of them``; the hybrid's holder sync runs
+- pipelines: M microbatches through P stages and P - 1 links are a flow line, ``sum(stage + link times) +
+  (M - 1) x the slowest of them``: GPipe runs one such line forward, then one backward; 1F1B interleaves a
+  forward with a backward in the steady state, so there a stage's time is its forward + backward and a link's
+  the slower of its two directions (links are full duplex), and only the fill and drain see both; the hybrid's
+  holder sync runs
   during the backward flow; then the stage replicas' gradient all-reduce (pipeline x DDP averages after the
   schedule) and a tied embedding's gradient exchange.
 
@@ -25,18 +28,19 @@ from slimpar.plan.workload import Workload
 BUCKET_BYTES = 25 * 1024**2
 
 
-def step_seconds(w: Workload, cluster: Cluster, mode: str, fsdp_layout: bool) -> dict[str, float]:
+def step_seconds(w: Workload, cluster: Cluster, mode: str, fsdp_layout: bool, schedule: str = "1f1b") -> dict:
     """{"compute": s, "comm": s, "step": s}: compute alone, exposed communication and the modelled step."""
     rate = cluster.flops_per_s
     t = w.traffic
     if mode == "pipeline":
-        return _pipeline(w, rate, t)
+        return _pipeline(w, rate, t, schedule)
     fwd, bwd = w.fwd / rate, w.bwd / rate
     sync = t.overlap.seconds()
     if fsdp_layout:
         step = max(fwd, t.gather.seconds()) + max(bwd, sync)
     else:
-        step = fwd + max(bwd, sync) + _last_bucket(t.overlap, sync)
+        last = _last_bucket(t.overlap, sync)
+        step = fwd + max(bwd, sync - last) + last
     step += t.exposed.seconds()
     return {"compute": fwd + bwd, "comm": step - fwd - bwd, "step": step}
 
@@ -51,12 +55,21 @@ def _flow(stages: list[float], links: list[float], m: int) -> float:
     return sum(stages) + sum(links) + (m - 1) * max([*stages, *links])
 
 
-def _pipeline(w: Workload, rate: float, t) -> dict[str, float]:
+def _pipeline(w: Workload, rate: float, t, schedule: str) -> dict[str, float]:
     m = w.microbatches
     fwd = [f / rate for f in w.stage_fwd]
     bwd = [b / rate for b in w.stage_bwd]
     link_f = [b.fwd / m * 8 / (b.gbps * 1e9) for b in t.boundaries]
     link_b = [b.bwd / m * 8 / (b.gbps * 1e9) for b in t.boundaries]
-    compute = _flow(fwd, [0.0] * len(link_f), m) + _flow(bwd, [0.0] * len(link_b), m)
-    step = _flow(fwd, link_f, m) + max(_flow(bwd, link_b, m), t.overlap.seconds()) + t.exposed.seconds()
+    free = [0.0] * len(link_f)
+    if schedule == "gpipe":
+        compute = _flow(fwd, free, m) + _flow(bwd, free, m)
+        flow = _flow(fwd, link_f, m) + _flow(bwd, link_b, m)
+    else:
+        both = [f + b for f, b in zip(fwd, bwd, strict=True)]
+        duplex = [max(f, b) for f, b in zip(link_f, link_b, strict=True)]
+        compute = _flow(both, free, m)
+        flow = _flow(both, duplex, m) + sum(link_f) + sum(link_b) - sum(duplex)
+    bwd_share = sum(bwd) / max(sum(fwd) + sum(bwd), 1e-30) * flow
+    step = flow + max(0.0, t.overlap.seconds() - bwd_share) + t.exposed.seconds()
     return {"compute": compute, "comm": step - compute, "step": step}

@@ -78,7 +78,7 @@ def workload(cfg: Config, cluster: Cluster) -> Workload:
     elif mode == "fsdp":
         t.gather.gather(ranks, s.params * _compute_bytes(cfg))
         t.overlap.gather(ranks, s.layers * s.block_params * _compute_bytes(cfg))  # the blocks again, in backward
-        t.overlap.gather(ranks, grads)
+        t.overlap.reduce_scatter(ranks, grads)
         w.fwd, w.bwd = full / 3, 2 * full / 3
     elif mode == "sdp":
         share = _sdp(cfg, cluster, t)
@@ -129,7 +129,7 @@ def _sdp(cfg: Config, cluster: Cluster, t: Traffic) -> float:
             held = plan.bytes_per_worker[i] // 4
             t.gather.gather(group, held * _compute_bytes(cfg))
             t.overlap.gather(group, (held - plan.shared_numel) * _compute_bytes(cfg))  # blocks again in backward
-            t.overlap.gather(group, held * 4)
+            t.overlap.reduce_scatter(group, held * 4)
     return max(plan.keep_bytes_per_worker)
 
 

@@ -1,9 +1,12 @@
 """``slimpar plan --fit`` against real runs: its memory is the run's (the same fake-tensor step), and its traffic
-model's bytes per rank are the trainer's instrumented bytes (gloo's ring all-reduces, the pipeline's sends).
+model's bytes per rank are the run's: the instrument's logical bytes per rank (``comm_bytes_sent``), and where
+FSDP2 reduce-scatters, what each worker wrote to its sockets (``wire_bytes``, /proc/self/io): gloo has no
+reduce-scatter, torch runs an all-reduce for it, which the instrument's model counts as a ring reduce-scatter.
+Large messages: headers stay under 3%.
 
 4 gloo workers of the tiny LLaMA, instrumented at step 2 (the steady state: DDP rebuilds its buckets at step 1).
-The trainer also sends a few small tensors the model leaves out (the clip norm, the loss, DDP's buffers): within
-2%. A tied embedding's gradient rows depend on the batch's distinct ids, which the model counts at their most:
+The trainer also sends a few small tensors the model leaves out (the clip norm, the loss, DDP's buffers).
+A tied embedding's gradient rows depend on the batch's distinct ids, which the model counts at their most:
 there the model is an upper bound."""
 
 from __future__ import annotations
@@ -55,11 +58,12 @@ def test_memory_is_the_runs(planned, runs, name):
 @pytest.mark.parametrize("name", CASES)
 def test_bytes_per_rank_are_the_runs(planned, runs, name):
     r = planned[name]
-    sent = [x["comm_bytes_sent"] for x in runs[name]["per_rank"]]
+    fsdp = r.config.parallel.mode == "fsdp" or r.config.sdp.fsdp > 1
+    sent = [x["wire_bytes" if fsdp else "comm_bytes_sent"] for x in runs[name]["per_rank"]]
     model = [_sent(r, k) for k in range(4)]
     bound = {0} if r.config.parallel.mode == "pipeline" and r.config.model.tie_embeddings else set()
     assert [m for k, m in enumerate(model) if k not in bound] == pytest.approx(
-        [x for k, x in enumerate(sent) if k not in bound], rel=0.02)
+        [x for k, x in enumerate(sent) if k not in bound], rel=0.03)
     assert all(sent[k] <= model[k] for k in bound)
 
 
