@@ -211,9 +211,9 @@ def _plan(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
-    from slimpar.bench.cli import bench_command
+    from slimpar.cli_bench import load_benchmarks_cli  # the checkout's benchmarks/, found by path
 
-    return bench_command(args, rest)
+    return load_benchmarks_cli().bench_command(args, rest)
 
 
 def _help_config(argv: list[str]) -> tuple[Config | None, str]:
@@ -317,7 +317,7 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     b.add_argument("--rows", default="", help="comma-separated groups, rows (name or group/name) or runs "
                    "(group/name/sSEED); default: every row, except for quality: its core set (lr-sweep, tuned, "
                    "sdp-lr-sweep, sdp-tuned), the other groups (one-rate, length, width, unseen-config, ...: "
-                   "bench/quality/rows.py) run when named; finished runs are reused")
+                   "benchmarks/quality/rows.py) run when named; finished runs are reused")
     b.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="mapl: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling); gpu: "
                         "the device check's (default cuda where one is present; cpu runs its rows on gloo)")

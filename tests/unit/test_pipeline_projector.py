@@ -217,7 +217,7 @@ def test_invalid_projector_options_are_rejected(overrides, match) -> None:
 
 
 def test_bench_rows_for_the_projector_ablations_are_valid() -> None:
-    from slimpar.bench.mapl import rows
+    from benchmarks.mapl import rows
 
     named = {r.name: r for r in rows(quick=False, steps=100)}
     for name in ("MAPL 4x + PCA init", "MAPL 4x + own SPEL schedule", "MAPL 4x + separate clip",

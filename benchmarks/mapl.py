@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slimpar.bench.report import commits_note, fmt, markdown_table, metadata, run_commits, write_json
-from slimpar.bench.runner import Row, run_rows, select_rows
-from slimpar.bench.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
+from benchmarks.report import commits_note, fmt, markdown_table, metadata, run_commits, write_json
+from benchmarks.runner import Row, run_rows, select_rows
+from benchmarks.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
 
 PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "4",
         "--model.tie_embeddings", "false"]
@@ -154,10 +154,10 @@ def _layout(meta: dict) -> str:
 
 def bench_mapl(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None, device: str = "cpu",
                jobs: int = 1, rounds: int = 2, links: bool = True) -> dict:
-    """The rows, then ``rounds`` interleaved timing rounds (bench/timing.py; CPU only), then `none` and
+    """The rows, then ``rounds`` interleaved timing rounds (benchmarks/timing.py; CPU only), then `none` and
     MAPL 4x over throttled links unless ``links`` is False."""
-    from slimpar.bench.network.throttled import run_throttled, throttled_markdown
-    from slimpar.bench.plots import pareto_plot
+    from benchmarks.network.throttled import run_throttled, throttled_markdown
+    from benchmarks.plots import pareto_plot
 
     todo = select_rows(rows(quick, steps, device), only)
     out.mkdir(parents=True, exist_ok=True)

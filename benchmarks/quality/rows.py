@@ -1,4 +1,4 @@
-"""The runs of ``slimpar bench quality`` (bench/quality/harness.py): every group's rows, their commands and seeds.
+"""The runs of ``slimpar bench quality`` (benchmarks/quality/harness.py): every group's rows, their commands and seeds.
 
 Groups (``config`` llama_quality.toml: d = 128, 1024-token BPE, 2,000 steps of 8 x 64 tokens). With no
 ``--rows`` the benchmark runs its core set, ``CORE``: ``lr-sweep``, ``tuned``, ``sdp-lr-sweep`` and ``sdp-tuned``
@@ -39,9 +39,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from slimpar.bench.mapl import ROWS as CODECS
-from slimpar.bench.quality.trends import LENGTHS, WIDTHS, baseline_name, settled, split_name, width_params
-from slimpar.bench.runner import Row
+from benchmarks.mapl import ROWS as CODECS
+from benchmarks.quality.trends import LENGTHS, WIDTHS, baseline_name, settled, split_name, width_params
+from benchmarks.runner import Row
 
 CONFIG = "configs/llama_quality.toml"
 SEEDS = (0, 1, 2)
@@ -289,7 +289,7 @@ def third_seed(losses: dict[tuple[str, int], float], name: str) -> bool:
     """Whether ``name`` runs a third seed at the longest length: where its first two seeds' paired gaps to the
     baseline leave it unsettled (quality_trends.settled: their std above a quarter of their mean), and for a baseline
     (none, DDP) where any row compared with it does. ``losses``: longest_losses. Until both seeds and their
-    baselines have finished: no (the benchmark asks again after them, in bench/quality/harness.py's last phase)."""
+    baselines have finished: no (the benchmark asks again after them, in benchmarks/quality/harness.py's last phase)."""
     row = f"{name} at {LENGTHS[-1]} steps"
     if baseline_name(row) == row:
         return any(third_seed(losses, n) for n in LENGTH_ROWS

@@ -16,7 +16,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from slimpar.bench.runner import Row, run_rows
+from benchmarks.runner import Row, run_rows
 
 TIMING_STEPS = 6  # the median of steps 3-5: after 2 warm-up steps, the instrumented step 2 left out
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from slimpar.bench.quality import trends as quality_trends
-from slimpar.bench.quality.report import BASELINE, TREND_GROUPS
+from benchmarks.quality import trends as quality_trends
+from benchmarks.quality.report import BASELINE, TREND_GROUPS
 
 
 def _points(run: dict, key: str) -> dict[int, float]:
@@ -32,7 +32,7 @@ def _style(plt, i: int) -> dict:
 
 def plots(results: list[dict], lines: list[dict], out: Path) -> None:
     """Per LLaMA group: training and validation loss against step (mean over seeds), and the gaps with error bars."""
-    from slimpar.bench.plots import _plt
+    from benchmarks.plots import _plt
 
     plt = _plt()
     for group in dict.fromkeys(ln["group"] for ln in lines):

@@ -10,7 +10,7 @@ against CUDA's allocator. On CPU (tests) only the tracker is reported.
 ``--predict`` also puts ``slimpar plan --memory``'s prediction of the same worker's step (FakeTensorMode, the
 trainer's own step at ``train.dtype`` bf16 on a GPU) beside each measurement.
 
-Run: ``python -m slimpar.bench.gpu --out docs/results/gpu [--size 134m] [--device cuda] [--predict]``.
+Run: ``python -m benchmarks.gpu --out docs/results/gpu [--size 134m] [--device cuda] [--predict]``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from slimpar.bench.report import markdown_table, metadata, write_json
+from benchmarks.report import markdown_table, metadata, write_json
+from slimpar.config import CONFIG_DIR
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.comm import StepInstrument
 from slimpar.sdp.apply import apply_subnet
@@ -84,7 +85,7 @@ def predicted_peak(size: str, row, batch: int, seq: int, cuda: bool, workers: in
         level, keep, regime = row
         overrides += ["--parallel.mode", "sdp", "--parallel.workers", str(workers), "--sdp.level", level,
                       "--sdp.keep", str(keep), "--sdp.regime", regime, "--train.batch_size", str(batch * workers)]
-    cfg = load_run_config(Path(__file__).resolve().parents[1] / "configs" / "llama_tiny.toml", overrides,
+    cfg = load_run_config(CONFIG_DIR / "llama_tiny.toml", overrides,
                           training=False, data=False)  # a GPU machine may have no corpus: none is read
     return int(predict_memory(cfg, [0], vocab)[0]["peak_live"])
 

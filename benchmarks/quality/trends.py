@@ -23,7 +23,7 @@ import math
 import statistics
 from pathlib import Path
 
-from slimpar.bench.report import markdown_table
+from benchmarks.report import markdown_table
 
 PAPER_PARAMS = 150e6  # the paper's 4x claim: MAPL within 0.84% of the uncompressed model at 150M parameters
 PAPER_GAP = 0.0084
@@ -35,7 +35,7 @@ TRAIN_TOKENS = 1_930_459
 
 
 WIDTHS = {"tiny": 64, "mini": 128, "small": 256}  # the width sweep's LLaMA sizes and their d
-LENGTHS = (2000, 5000, 12500, 32000)  # the length sweep's steps (bench/quality/rows.py)
+LENGTHS = (2000, 5000, 12500, 32000)  # the length sweep's steps (benchmarks/quality/rows.py)
 # at the longest length 2 seeds are enough where their spread is well below the gap (issue 20): here, where the std
 # of their two paired gaps (|g0 - g1| / sqrt 2) is at most a quarter of their mean; otherwise a third seed runs
 # (quality_rows.third_seed) and the point waits for it
@@ -198,7 +198,7 @@ def plot(results: list[dict], group: str, out: Path) -> None:
     pts = points(results, group)
     if not pts:
         return
-    from slimpar.bench.plots import _plt
+    from benchmarks.plots import _plt
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))

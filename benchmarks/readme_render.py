@@ -1,4 +1,4 @@
-"""The placeholders of the generated blocks (bench/readme.py), filled from the committed results files.
+"""The placeholders of the generated blocks (benchmarks/readme.py), filled from the committed results files.
 
 A template is Markdown with placeholders that read ``docs/results/SOURCE/results.json`` (or a single run's
 ``summary.json``):
@@ -11,7 +11,7 @@ A template is Markdown with placeholders that read ``docs/results/SOURCE/results
   ``{{link:SOURCE:KEY:FIELD:FORMAT}}``: the same number as a link to its results file.
 
 Links in templates are written from the repository root; the page that a block lands in rewrites them
-relative to itself (bench/readme.py's ``relink``).
+relative to itself (benchmarks/readme.py's ``relink``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from slimpar.bench.report import pm
+from benchmarks.report import pm
 
 _PLACEHOLDER = re.compile(r"\{\{(?P<kind>measured|commit|table|v|link):(?P<args>[^}]*)\}\}")
 
@@ -58,7 +58,7 @@ def _group_row(ln: dict) -> str:
 
 def load_source(name: str, results: Path) -> Source:
     """Read ``results/NAME/results.json`` into a :class:`Source`."""
-    from slimpar.bench.report import run_commits
+    from benchmarks.report import run_commits
 
     path = results / name / "results.json"
     if not path.exists() and (results / name / "summary.json").exists():  # one run's summary.json
@@ -143,7 +143,7 @@ def _get(ln: dict, field: str):
 
 def render(template: str, sources: dict[str, Source]) -> str:
     """Fill one template's placeholders from ``sources``."""
-    from slimpar.bench.readme_tables import TABLES
+    from benchmarks.readme_tables import TABLES
 
     def one(m: re.Match) -> str:
         kind, args = m["kind"], m["args"].split(":")

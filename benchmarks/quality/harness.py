@@ -6,7 +6,7 @@ processes, tests/unit/test_sdp_virtual.py) and pipeline rows are virtual pipelin
 process). Memory and bytes are not measured here (``bench sdp`` and ``bench mapl`` do that with real
 processes); this benchmark measures loss only.
 
-The groups and their rows are in bench/quality/rows.py.
+The groups and their rows are in benchmarks/quality/rows.py.
 
 Rows are resumable three times over: a finished row's ``summary.json`` is reused; a run the ``results.json`` under
 ``--out`` recorded is reused where its folder is gone and its command is the same (commit that file, copy it into a
@@ -27,9 +27,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from slimpar.bench.quality.plots import plots
-from slimpar.bench.quality.report import aggregate, report_markdown, targets
-from slimpar.bench.quality.rows import (
+from benchmarks.quality.plots import plots
+from benchmarks.quality.report import aggregate, report_markdown, targets
+from benchmarks.quality.rows import (
     ALIASES,
     CORE,
     GROUPS,
@@ -41,8 +41,8 @@ from slimpar.bench.quality.rows import (
     recorded_runs,
     rows,
 )
-from slimpar.bench.report import metadata, run_commits, write_json
-from slimpar.bench.runner import Row, row_command, run_row, select_rows
+from benchmarks.report import metadata, run_commits, write_json
+from benchmarks.runner import Row, row_command, run_row, select_rows
 from slimpar.train.launch.run_lock import LOCK
 
 

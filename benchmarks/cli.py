@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
-    from slimpar.bench.runner import stop_jobs_with_me
+    from benchmarks.runner import stop_jobs_with_me
 
     with stop_jobs_with_me():
         return _bench(args, rest)
@@ -30,13 +30,13 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
         if args.out:
             raise ConfigError("slimpar bench readme writes the measured blocks of README.md and docs/results "
                               "from docs/results; it takes no --out")
-        from slimpar.bench.readme import readme_command
+        from benchmarks.readme import readme_command
 
         return readme_command(args.check)
     if args.check:
         raise ConfigError("--check applies to slimpar bench readme")
     if args.which == "gpu":  # the device check: its rows have their own steps and time limits
-        from slimpar.bench.gpu_check import bench_gpu, default_folder
+        from benchmarks.gpu_check import bench_gpu, default_folder
 
         out = Path(args.out) if args.out else default_folder()
         data = bench_gpu(out, args.device, _names(args.rows))
@@ -53,7 +53,7 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     if args.which == "sdp" and args.device != "cpu":
         raise ConfigError("slimpar bench sdp needs one process per worker; on one GPU use "
-                          "python -m slimpar.bench.gpu (the per-worker memory probe)")
+                          "python -m benchmarks.gpu (the per-worker memory probe)")
     if args.report_only and args.which != "quality":
         raise ConfigError("--report-only applies to slimpar bench quality")
     if args.which == "wallclock" and args.device != "cpu":
@@ -63,41 +63,41 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
         if os.geteuid() != 0:
             raise ConfigError("slimpar bench wallclock builds network namespaces and needs root")
-        from slimpar.bench.network.wallclock import bench_wallclock
+        from benchmarks.network.wallclock import bench_wallclock
 
         data = bench_wallclock(out, args.quick, _names(args.rows))
     elif args.which == "memory":
-        from slimpar.bench.memory import bench_memory
+        from benchmarks.memory import bench_memory
 
         data = bench_memory(out)
     elif args.which == "plans":
-        from slimpar.bench.plan_sim import bench_plans
+        from benchmarks.plan_sim import bench_plans
 
         data = bench_plans(out)
     elif args.which == "quality":
         if args.device != "cpu":
             raise ConfigError("slimpar bench quality runs on CPU (one thread per run); drop --device")
-        from slimpar.bench.quality.harness import bench_quality
+        from benchmarks.quality.harness import bench_quality
 
         data = bench_quality(out, args.quick, _names(args.rows), jobs=args.jobs, steps=steps,
                              report_only=args.report_only)
     elif args.which == "throughput":
-        from slimpar.bench.throughput import bench_throughput
+        from benchmarks.throughput import bench_throughput
 
         data = bench_throughput(out, args.size, args.device, args.quick, args.compile_backend)
     elif args.which == "modes":
         if args.device != "cpu":
             raise ConfigError("slimpar bench modes times every mode on the CPU; drop --device")
-        from slimpar.bench.modes import bench_modes
+        from benchmarks.modes import bench_modes
 
         data = bench_modes(out, args.quick, args.steps or 10, _names(args.rows), rounds=_rounds(args))
     elif args.which == "sdp":
-        from slimpar.bench.sdp import bench_sdp
+        from benchmarks.sdp import bench_sdp
 
         data = bench_sdp(out, args.quick, steps, _names(args.rows), jobs=args.jobs, rounds=_rounds(args),
                          links=args.links, seeds=_seeds(args.seeds))
     else:
-        from slimpar.bench.mapl import bench_mapl
+        from benchmarks.mapl import bench_mapl
 
         data = bench_mapl(out, args.quick, steps, _names(args.rows), device=args.device, jobs=args.jobs,
                           rounds=_rounds(args), links=args.links)

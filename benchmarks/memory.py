@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from slimpar.config import Config
+from slimpar.config import CONFIG_DIR, Config
 
 SIZES = ("134m", "500m", "1b")
 WORKERS, PER_WORKER_BATCH, SEQ, VOCAB = 8, 4, 1024, 32000
@@ -47,9 +47,8 @@ PAPER_BYTES = {"DDP": 70.9e9, "FSDP2 + AC": 11.0e9, "B-SDP C=0.5 + FSDP2 + AC": 
 def row_config(size: str, mode: str, per_worker: int = PER_WORKER_BATCH) -> Config:
     from slimpar.train.validate.checks import load_run_config
 
-    root = Path(__file__).resolve().parents[1]
     overrides = ["--model.size", size, *WORKLOAD, *MODES[mode], "--train.batch_size", str(WORKERS * per_worker)]
-    return load_run_config(root / "configs" / "llama_tiny.toml", overrides, training=False, data=False)  # predicted
+    return load_run_config(CONFIG_DIR / "llama_tiny.toml", overrides, training=False, data=False)  # predicted
 
 
 def representative_ranks(cfg: Config) -> list[int]:

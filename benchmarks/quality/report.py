@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import statistics
 
-from slimpar.bench.quality import trends as quality_trends
-from slimpar.bench.quality.trends import baseline_name
-from slimpar.bench.report import commits_note, fmt, markdown_table, pm
+from benchmarks.quality import trends as quality_trends
+from benchmarks.quality.trends import baseline_name
+from benchmarks.report import commits_note, fmt, markdown_table, pm
 
 TREND_GROUPS = ("length", "width")  # each row's baseline is none or DDP at its own length or width
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from slimpar.bench.report import fmt, markdown_table, metadata, write_json
-from slimpar.bench.runner import Row, run_row
+from benchmarks.report import fmt, markdown_table, metadata, write_json
+from benchmarks.runner import Row, run_row
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.compile import apply_compile
 from slimpar.parallel.flops import llama_flops_per_token, mfu, peak_bf16
@@ -152,7 +152,7 @@ def _mib(b) -> str:
 def bench_throughput(out: Path, size: str = "tiny", device: str = "cpu", quick: bool = False,
                      backend: str = "inductor") -> dict:
     """Every row, then results.json and report.md in ``out``."""
-    from slimpar.bench.gpu_check import corpus
+    from benchmarks.gpu_check import corpus
 
     shape, dev = Shape.of(size, quick), torch.device(device)
     load = [os.getloadavg()[0]]  # a shared CPU's other jobs move CPU timings: the report gives the load

@@ -1,12 +1,12 @@
 """The tables ``slimpar bench readme`` puts into README.md and the results pages, each written from one results file
-(bench/readme.py's ``{{table:SOURCE:WHICH}}``). Every cell is read from the file; none is typed."""
+(benchmarks/readme.py's ``{{table:SOURCE:WHICH}}``). Every cell is read from the file; none is typed."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from slimpar.bench.report import fmt, markdown_table, pm
-from slimpar.bench.sdp import batch_markdown
+from benchmarks.report import fmt, markdown_table, pm
+from benchmarks.sdp import batch_markdown
 
 
 def _group(src, group: str) -> list[dict]:
@@ -60,7 +60,7 @@ def sweep_table(group: str) -> Callable:
     """A learning-rate sweep of ``slimpar bench quality``: each row's loss at every rate, the best in bold."""
 
     def table(src) -> str:
-        from slimpar.bench.quality.report import sweep_markdown
+        from benchmarks.quality.report import sweep_markdown
 
         return sweep_markdown(_group(src, group)).strip("\n").split("\n\n", 1)[1]
 
@@ -72,14 +72,14 @@ def _x100(v):
 
 
 def quality_targets(src) -> str:
-    from slimpar.bench.quality.report import _targets_table
+    from benchmarks.quality.report import _targets_table
 
     return _targets_table(src.data["targets"]).rstrip("\n")
 
 
 def measured_targets(src) -> str:
     """The targets whose rows this results file holds (the others are another file's)."""
-    from slimpar.bench.quality.report import _targets_table
+    from benchmarks.quality.report import _targets_table
 
     return _targets_table({k: v for k, v in src.data["targets"].items() if v is not None}).rstrip("\n")
 
@@ -111,8 +111,8 @@ def virtual_table(src) -> str:
 
 
 def _trend(src, group: str) -> str:
-    """A length or width sweep's table and its note (bench/quality/trends.py), from the runs results.json holds."""
-    from slimpar.bench.quality.trends import markdown
+    """A length or width sweep's table and its note (benchmarks/quality/trends.py), from the runs results.json holds."""
+    from benchmarks.quality.trends import markdown
 
     return markdown(src.data["runs"], group).split(":\n\n", 1)[-1].strip()
 
@@ -122,7 +122,7 @@ def _mib(b) -> str:
 
 
 def _ratio(entry: dict | None) -> str:
-    from slimpar.bench.timing import ratio_cell
+    from benchmarks.timing import ratio_cell
 
     return ratio_cell(entry)
 
@@ -143,7 +143,7 @@ def mapl_table(src) -> str:
 
 def memory_table(src) -> str:
     """``slimpar bench memory``: the worst worker's predicted peak by part, against DDP and the paper."""
-    from slimpar.bench.memory import PAPER
+    from benchmarks.memory import PAPER
 
     ddp = {r["size"]: r["worst"]["peak_live"] for r in src.data["rows"] if r["mode"] == "DDP"}
     body = []
@@ -160,7 +160,7 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f}"
 
 
-REFERENCES = ("DDP", "none")  # each family's baseline (bench/network/wallclock.py)
+REFERENCES = ("DDP", "none")  # each family's baseline (benchmarks/network/wallclock.py)
 
 
 def wallclock_table(src) -> str:

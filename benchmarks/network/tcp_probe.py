@@ -7,7 +7,7 @@ import select
 import subprocess
 import sys
 
-from slimpar.bench.network.links import ThrottledNetwork, _kill, free_port
+from benchmarks.network.links import ThrottledNetwork, _kill, free_port
 
 _SERVER = """
 import json, socket, sys, time

@@ -3,7 +3,7 @@
 
 Each mode is a group of three rows that train the same model on the same tokens; the report gives, per mode,
 the compiled run's step time over the eager run's and the bf16 run's memory and loss against fp32's. Compiled
-against eager step-time ratios come from interleaved timing rounds (bench/timing.py: the eager and compiled rows
+against eager step-time ratios come from interleaved timing rounds (benchmarks/timing.py: the eager and compiled rows
 again, in a rotated order) so that a slow stretch of the shared machine falls on different rows; a compiled run's
 first steps compile (minutes on a CPU) and are left out with the warm-up. Memory is the trainer's exact accounting
 of the instrumented step (parameters, gradients, optimizer state, activations saved for backward), which load does
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slimpar.bench.plots import modes_plot
-from slimpar.bench.report import commits_note, fmt, markdown_table, metadata, run_commits, write_json
-from slimpar.bench.runner import Row, run_rows, select_rows
-from slimpar.bench.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
+from benchmarks.plots import modes_plot
+from benchmarks.report import commits_note, fmt, markdown_table, metadata, run_commits, write_json
+from benchmarks.runner import Row, run_rows, select_rows
+from benchmarks.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
 
 CONFIG = "configs/llama_small.toml"
 SDP = ["--parallel.mode", "sdp", "--parallel.workers", "4"]

@@ -7,7 +7,7 @@ Every measured block of a page in :data:`PAGES` sits between two marker lines::
     ...
     <!-- end generated NAME -->
 
-and is the rendering of its template ``docs/readme/NAME.md`` (placeholders: bench/readme_render.py). So a figure
+and is the rendering of its template ``docs/readme/NAME.md`` (placeholders: benchmarks/readme_render.py). So a figure
 on these pages is never typed by hand: it changes only when a results file does. Templates write their links
 from the repository root, and each page gets them relative to its own folder, so one template reads the same
 wherever its block lands. ``--check`` renders every block and compares it with the pages instead of writing
@@ -20,9 +20,9 @@ import posixpath
 import re
 from pathlib import Path
 
-from slimpar.bench.readme_render import ReadmeError, Source, format_value, load_source, render  # noqa: F401
+from benchmarks.readme_render import ReadmeError, Source, format_value, load_source, render  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 # the pages that hold generated blocks, from the repository root: the user's page and the results pages
 PAGES = ("README.md", "docs/results/README.md", "docs/results/quality-tuned.md",
          "docs/results/quality-one-rate.md", "docs/results/efficiency.md")

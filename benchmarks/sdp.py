@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slimpar.bench.report import commits_note, fmt, markdown_table, mean_spread, metadata, run_commits, write_json
-from slimpar.bench.runner import Row, run_rows, select_rows
-from slimpar.bench.timing import TIMING_STEPS, ratio_cell, step_time_ratios, summarize, timing_note, timing_rounds
+from benchmarks.report import commits_note, fmt, markdown_table, mean_spread, metadata, run_commits, write_json
+from benchmarks.runner import Row, run_rows, select_rows
+from benchmarks.timing import TIMING_STEPS, ratio_cell, step_time_ratios, summarize, timing_note, timing_rounds
 
 LLAMA, RESNET, TINY = "configs/llama_small.toml", "configs/resnet18_fmnist.toml", "configs/llama_tiny.toml"
 QUALITY = "configs/llama_quality.toml"
@@ -240,9 +240,9 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
 
 def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = None, jobs: int = 1,
               rounds: int = 2, links: bool = True, seeds: tuple[int, ...] = (0, 1)) -> dict:
-    """The rows (``seeds`` for the main ones), then ``rounds`` interleaved timing rounds (bench/timing.py),
+    """The rows (``seeds`` for the main ones), then ``rounds`` interleaved timing rounds (benchmarks/timing.py),
     then DDP and B-SDP 0.5 over throttled links unless ``links`` is False."""
-    from slimpar.bench.network.throttled import run_throttled, throttled_markdown
+    from benchmarks.network.throttled import run_throttled, throttled_markdown
 
     rows = (quick_rows() if quick else llama_rows(LLAMA, steps, seeds) + resnet_rows(steps) + virtual_rows(steps)
             + batch_rows(steps))
@@ -271,7 +271,7 @@ def bench_sdp(out: Path, quick: bool, steps: int = 100, only: set[str] | None = 
     write_json(out / "results.json", data)
     links_md = throttled_markdown(throttled, "DDP") if links else ""
     (out / "report.md").write_text(report_markdown(lines, meta) + links_md)
-    from slimpar.bench.plots import sdp_plots
+    from benchmarks.plots import sdp_plots
 
     sdp_plots(lines, results, out)
     return data

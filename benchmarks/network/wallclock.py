@@ -1,6 +1,6 @@
 """``slimpar bench wallclock``: step time where the network dominates, on two real "nodes" of this machine.
 
-Two network namespaces with 2 workers each (:class:`~slimpar.bench.network.nodes.TwoNodes`, one torchrun per node):
+Two network namespaces with 2 workers each (:class:`~benchmarks.network.nodes.TwoNodes`, one torchrun per node):
 the inter-node veth pair is limited with ``tbf`` in both directions, the intra-node traffic uses each
 node's loopback at full speed. Rows: DDP, FSDP2 and B-SDP 0.5 + FSDP2 (``--sdp.fsdp 2``: each of the 2 SDP
 replicas sharded over the 2 ranks of one node) and the 4-stage pipeline with codecs none, int8, MAPL 4x,
@@ -23,11 +23,11 @@ import threading
 import time
 from pathlib import Path
 
-from slimpar.bench.mapl import PIPE, RVQ, _codec
-from slimpar.bench.network.links import LATENCY_NOTE, _kill
-from slimpar.bench.network.nodes import TwoNodes, run_two_nodes
-from slimpar.bench.report import fmt, markdown_table, metadata, write_json
-from slimpar.bench.runner import CONFIGS
+from benchmarks.mapl import PIPE, RVQ, _codec
+from benchmarks.network.links import LATENCY_NOTE, _kill
+from benchmarks.network.nodes import TwoNodes, run_two_nodes
+from benchmarks.report import fmt, markdown_table, metadata, write_json
+from benchmarks.runner import CONFIGS
 
 RATES = (1000.0, 100.0, 10.0, 1.0)
 STEPS = {1000.0: 8, 100.0: 8, 10.0: 6, 1.0: 4}  # the slow rates are capped; the median skips 2 warm-up steps
@@ -227,7 +227,7 @@ def report_markdown(lines: list[dict], fits: dict[str, dict], paper: list[dict],
 def plot(lines: list[dict], fits: dict[str, dict], path: Path) -> None:
     import numpy as np
 
-    from slimpar.bench.plots import _plt
+    from benchmarks.plots import _plt
 
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))

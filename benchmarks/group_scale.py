@@ -1,4 +1,4 @@
-"""``python -m slimpar.bench.group_scale --out DIR``: what building SDP's process groups costs at 8 to 1,024 workers.
+"""``python -m benchmarks.group_scale --out DIR``: what building SDP's process groups costs at 8 to 1,024 workers.
 
 For each worker count N and regime, this process joins torch's ``fake`` process group (collectives move
 nothing; what ``slimpar plan --memory`` uses) as rank 0 of N and builds what an SDP run builds: the default
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from slimpar.bench.report import markdown_table, metadata, write_json
+from benchmarks.report import markdown_table, metadata, write_json
 
 WORKERS = (8, 64, 1024)
 ROWS = (("forward", False), ("backward", False), ("forward", True))  # (regime, holder_shard)
@@ -111,7 +111,7 @@ def report(rows: list[dict]) -> str:
         "process group: the plan, the backward regime's refresh roots, the holder sync's groups alone, and the "
         "whole `SubnetworkDataParallel` (cutting the subnetwork included; with `holder_shard`, FSDP2 over the "
         "holder groups first, from the same factory: its time is mostly copying each block's shard, 1/k_c of it, "
-        "so it is largest at small N). Median of the rounds; `python -m slimpar.bench.group_scale`.",
+        "so it is largest at small N). Median of the rounds; `python -m benchmarks.group_scale`.",
         "", markdown_table(head, body), "",
         "Every rank calls `new_group` for every group (the column), and joins only its own (the last column: one "
         "communicator each). The all-worker group is the world's own. With `holder_shard` the holder sync reuses "

@@ -20,7 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # the named runs ship inside the package
+from slimpar.config import CONFIG_DIR
+
+CONFIGS = CONFIG_DIR  # the named runs ship inside the package
 
 
 @dataclass
@@ -31,8 +33,8 @@ class Row:
     group: str = ""  # rows compared against the same baseline share a group (e.g. "llama", "resnet")
     seed: int = 0
     tags: dict = field(default_factory=dict)
-    timing_round: int = 0  # > 0: a short rerun that only times steps (bench/timing.py)
-    timing_steps: int = 0  # steps of its timing reruns; 0 = bench/timing.py's TIMING_STEPS
+    timing_round: int = 0  # > 0: a short rerun that only times steps (benchmarks/timing.py)
+    timing_steps: int = 0  # steps of its timing reruns; 0 = benchmarks/timing.py's TIMING_STEPS
     env: dict = field(default_factory=dict)  # environment variables of its run (e.g. OMP_NUM_THREADS)
 
     @property

@@ -2,7 +2,7 @@
 
 For each link rate, every row runs once with one worker per network namespace, so the gradient (or
 activation) traffic crosses rate-limited veths; the same row's unthrottled compute time and bytes
-feed :func:`~slimpar.bench.network.links.simulated_step_time`, which also adds the latency the kernel here
+feed :func:`~benchmarks.network.links.simulated_step_time`, which also adds the latency the kernel here
 cannot (no netem).
 """
 
@@ -12,9 +12,9 @@ import json
 import os
 from pathlib import Path
 
-from slimpar.bench.network.links import LATENCY_NOTE, ThrottledNetwork, run_in_network, simulated_step_time
-from slimpar.bench.report import fmt, markdown_table
-from slimpar.bench.runner import CONFIGS, Row
+from benchmarks.network.links import LATENCY_NOTE, ThrottledNetwork, run_in_network, simulated_step_time
+from benchmarks.report import fmt, markdown_table
+from benchmarks.runner import CONFIGS, Row
 
 LATENCY_S = 0.020
 # throttled runs measure step time only (the median after warm-up): a short run, a token evaluation, no export

@@ -3,7 +3,7 @@
 ``TwoNodes`` builds namespaces ``{prefix}-n0`` and ``{prefix}-n1`` joined directly by a veth pair
 (``{prefix}v0`` in node 0 with 10.77.0.1/24, ``{prefix}v1`` in node 1 with 10.77.0.2/24), each with its own
 loopback up. With ``rate_mbit`` both ends of the pair get the same ``tbf`` limit as
-:class:`~slimpar.bench.network.links.ThrottledNetwork`'s links, so the inter-node link is limited in both directions,
+:class:`~benchmarks.network.links.ThrottledNetwork`'s links, so the inter-node link is limited in both directions,
 while the workers of one node talk over its loopback, unthrottled: the layout of a small cluster with a
 fast intra-node and a slow inter-node network. Latency is not added (no netem here: ``LATENCY_NOTE``).
 
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import slimpar
-from slimpar.bench.network.links import LATENCY_NOTE, ThrottledNetwork, _kill, _run, _wait_all, free_port
+from benchmarks.network.links import LATENCY_NOTE, ThrottledNetwork, _kill, _run, _wait_all, free_port
 
 SUBNET = "10.77.0"  # private range, only ever configured inside the two namespaces this module creates
 # torchrun-, elastic- and process-group variables of an enclosing job must not leak into the nodes' agents

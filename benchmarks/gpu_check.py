@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BUDGET_S = 480  # the sum of every row's time limit: the check's own bound (8 minutes)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -59,7 +59,7 @@ VIRTUAL_PIPELINE = ["--model.tie_embeddings", "false", "--parallel.mode", "pipel
                     "--pipeline.stages", "4", "--train.dtype", "bf16"]
 ROWS = [
     GpuRow("env and data", "the GPU, driver, torch, CUDA and NCCL versions; the corpus tokenized once for the rest",
-           [sys.executable, "-m", "slimpar.bench.gpu_check", "env", "{corpus}"], 25),
+           [sys.executable, "-m", "benchmarks.gpu_check", "env", "{corpus}"], 25),
     GpuRow("torchrun DDP, NCCL, device auto", "1 rank under torchrun with parallel.device auto (CUDA and NCCL "
            "expected): NCCL collectives of the trainer, guard and evaluation",
            _torchrun("--parallel.mode", "ddp", "--train.dtype", "bf16", "--parallel.device", "auto"), 35),
@@ -84,10 +84,10 @@ ROWS = [
            _train("--parallel.mode", "sdp", "--sdp.virtual", "true", "--train.compile", "true"), 50, cuda_only=True),
     GpuRow("CUDA peak vs plan --memory, 134M", "max_memory_allocated of DDP and SDP workers at 134M; the "
            "prediction with no corpus installed",
-           [sys.executable, "-m", "slimpar.bench.gpu", "--out", "{out}", "--size", "134m", "--batch", "8",
+           [sys.executable, "-m", "benchmarks.gpu", "--out", "{out}", "--size", "134m", "--batch", "8",
             "--seq", "1024", "--predict"], 60, cuda_only=True),
     GpuRow("SPEL and Polar Express with TF32 on", "orthogonality kept at pinned fp32 with TF32 and bf16 A",
-           [sys.executable, "-m", "slimpar.bench.gpu_check", "tf32", "{device}"], 20, cuda_only=True),
+           [sys.executable, "-m", "benchmarks.gpu_check", "tf32", "{device}"], 20, cuda_only=True),
 ]
 
 
@@ -99,10 +99,12 @@ def check_budget(rows: list[GpuRow]) -> int:
 
 
 def corpus(out: Path) -> Path:
-    """slimpar's own source as one text file: real text that travels with the checkout (no package needed)."""
+    """slimpar's own source (the library and its benchmarks) as one text file: real text that travels with the
+    checkout (no package needed)."""
     path = out / "corpus.txt"
     if not path.exists():
-        files = sorted((ROOT / "slimpar").rglob("*.py")) + sorted((ROOT / "docs").rglob("*.md"))
+        files = [f for top in ("slimpar", "benchmarks") for f in sorted((ROOT / top).rglob("*.py"))]
+        files += sorted((ROOT / "docs").rglob("*.md"))
         path.write_text("\n\n".join(f.read_text() for f in files))
     return path
 

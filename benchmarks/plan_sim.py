@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slimpar.bench.report import markdown_table, metadata, write_json
+from benchmarks.report import markdown_table, metadata, write_json
 from slimpar.sdp.components import Component
 from slimpar.sdp.plan import Plan, plan_components
 
