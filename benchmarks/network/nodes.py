@@ -224,7 +224,7 @@ def _wait_for_checkpoint(out: Path, after: int, procs: list[subprocess.Popen], d
 
 def _joined_at(out: Path, procs: list[subprocess.Popen], deadline: float) -> int:
     """Poll ``OUT/membership.json`` until a start with 2 nodes' workers is recorded; returns its step."""
-    from slimpar.train.launch.elastic import MEMBERSHIP
+    from slimpar.train.job.elastic import MEMBERSHIP
 
     while True:
         try:

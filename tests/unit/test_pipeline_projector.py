@@ -23,7 +23,7 @@ import slimpar.optim.spel as spel
 from slimpar.codecs.stiefel import orth_error
 from slimpar.config import ConfigError
 from slimpar.train.build import build_data, build_model, lr_at
-from slimpar.train.launch.context import RunContext
+from slimpar.train.job.context import RunContext
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
 from slimpar.train.trainer import Trainer
 from slimpar.train.validate.checks import load_run_config

@@ -6,7 +6,7 @@ command, finding the run lock free, started a second job in the same folder.
 
 Each worker therefore asks the kernel for a death signal, ``prctl(PR_SET_PDEATHSIG, SIGTERM)`` (Linux), as its
 first act: when the launcher dies, however it dies, the worker gets SIGTERM, which is the stop signal of
-:mod:`slimpar.train.launch.preempt`: it finishes its step, saves the checkpoint there and exits within
+:mod:`slimpar.train.job.preempt`: it finishes its step, saves the checkpoint there and exits within
 ``checkpoint.on_signal_s``. SIGTERM rather than SIGKILL: the steps since the last checkpoint are kept, and the wait
 is bounded by the grace timer. Until the last worker has exited its lock file keeps the run folder from a second
 job (:mod:`slimpar.train.launch.run_lock`).

@@ -66,7 +66,7 @@ def join_torchrun(cfg: Config) -> Config:
 
     The global batch ``train.batch_size`` stays whatever the world (an elastic run re-formed with fewer or more
     workers): each data-parallel worker takes its share, with ``train.grad_accum`` lowered only where the
-    share does not split into it (:func:`slimpar.train.launch.elastic.fit_grad_accum`)."""
+    share does not split into it (:func:`slimpar.train.job.elastic.fit_grad_accum`)."""
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         main = int(os.environ.get("RANK", "0")) == 0

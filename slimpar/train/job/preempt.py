@@ -17,7 +17,7 @@ Algorithm, in every worker (:func:`slimpar.train.launch.worker.worker_main` inst
 
 Who prints the closing line (:func:`stop_message`, from the record): the process that launched the run, which knows
 the command that resumes it: slimpar's launcher, an in-process run's CLI, torchrun's rank 0. A worker prints it
-itself only where that process is gone (its launcher was killed: :mod:`slimpar.train.launch.parent`) or where the
+itself only where that process is gone (its launcher was killed: :mod:`slimpar.train.job.parent`) or where the
 grace timer ends the process that would have printed it.
 """
 
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from slimpar.train.checkpoint.folders import latest_checkpoint
-from slimpar.train.launch import parent
+from slimpar.train.job import parent
 from slimpar.utils import write_text_atomic
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
