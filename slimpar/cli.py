@@ -17,8 +17,8 @@ from pathlib import Path
 from slimpar import __version__, torch_range
 from slimpar.cli_help import config_help
 from slimpar.config import DEFAULT_CONFIG, Config, ConfigError
+from slimpar.train.job.preempt import EXIT_CODE, RESUME_ENV, STOP_SIGNALS, Preempted, closing_line
 from slimpar.train.launch.failure import debugging, internal_error
-from slimpar.train.launch.preempt import EXIT_CODE, RESUME_ENV, STOP_SIGNALS, Preempted, closing_line
 
 
 class _Default(str):
@@ -66,7 +66,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     if args.max_restarts is not None:
         extra += ["--parallel.max_restarts", str(args.max_restarts)]
     cfg = load_config(config, rest + extra)  # the flags win over the same keys given as overrides
-    from slimpar.train.launch.elastic import join_torchrun
+    from slimpar.train.job.elastic import join_torchrun
 
     cfg = join_torchrun(cfg)
     from slimpar.train.validate.device import resolve_device, start_line
@@ -111,7 +111,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
 def _resume_command(argv: list[str], out: Path, given: bool) -> str:
     """The command that continues this run: the same one without ``--fresh`` (and with ``--out`` when the
     folder was not named: a changed working directory or config still finds it)."""
-    from slimpar.train.launch.elastic import under_torchrun
+    from slimpar.train.job.elastic import under_torchrun
 
     words = [w for w in argv if w != "--fresh"]
     line = shlex.join(["slimpar", *words, *([] if given else ["--out", str(out)])])
@@ -217,9 +217,9 @@ def _plan(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
-    from slimpar.bench.cli import bench_command
+    from slimpar.cli_bench import load_benchmarks_cli  # the checkout's benchmarks/, found by path
 
-    return bench_command(args, rest)
+    return load_benchmarks_cli().bench_command(args, rest)
 
 
 def _help_config(argv: list[str]) -> tuple[Config | None, str]:
@@ -329,7 +329,7 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     b.add_argument("--rows", default="", help="comma-separated groups, rows (name or group/name) or runs "
                    "(group/name/sSEED); default: every row, except for quality: its core set (lr-sweep, tuned, "
                    "sdp-lr-sweep, sdp-tuned), the other groups (one-rate, length, width, unseen-config, ...: "
-                   "bench/quality/rows.py) run when named; finished runs are reused")
+                   "benchmarks/quality/rows.py) run when named; finished runs are reused")
     b.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="mapl: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling); gpu: "
                         "the device check's (default cuda where one is present; cpu runs its rows on gloo)")
@@ -371,13 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         argv = [a for a in argv if a != "--debug"]
         os.environ["SLIMPAR_DEBUG"] = "1"
     try:
-        if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker ends with its agent (train/launch/parent.py)
-            from slimpar.train.launch.parent import die_with_parent
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker ends with its agent (train/job/parent.py)
+            from slimpar.train.job.parent import die_with_parent
 
             die_with_parent()
         if threading.current_thread() is threading.main_thread():  # after __main__.py's start-up handler
             signal.signal(signal.SIGINT, _on_ctrl_c)
-            for sig in STOP_SIGNALS:  # until a run's own handler takes over (train/launch/preempt.py)
+            for sig in STOP_SIGNALS:  # until a run's own handler takes over (train/job/preempt.py)
                 signal.signal(sig, _on_stop_signal)
         if "--version" not in argv:  # --version reports an unsupported torch instead of refusing it
             torch_range.check_torch()

@@ -23,7 +23,7 @@ import slimpar.optim.spel as spel
 from slimpar.codecs.stiefel import orth_error
 from slimpar.config import ConfigError
 from slimpar.train.build import build_data, build_model, lr_at
-from slimpar.train.launch.context import RunContext
+from slimpar.train.job.context import RunContext
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
 from slimpar.train.trainer import Trainer
 from slimpar.train.validate.checks import load_run_config
@@ -217,7 +217,7 @@ def test_invalid_projector_options_are_rejected(overrides, match) -> None:
 
 
 def test_bench_rows_for_the_projector_ablations_are_valid() -> None:
-    from slimpar.bench.mapl import rows
+    from benchmarks.mapl import rows
 
     named = {r.name: r for r in rows(quick=False, steps=100)}
     for name in ("MAPL 4x + PCA init", "MAPL 4x + own SPEL schedule", "MAPL 4x + separate clip",

@@ -9,7 +9,7 @@ Written by hand on ``fcntl.flock`` (POSIX, this project's platform): the kernel 
 ends, however it ends (a crash or ``kill -9`` leaves no stale lock), which a pid file alone cannot give.
 
 The launcher's lock alone ends with the launcher, and workers can outlive it by seconds: a killed launcher's
-workers finish their step and save (:mod:`slimpar.train.launch.parent`). So every worker of a launcher also
+workers finish their step and save (:mod:`slimpar.train.job.parent`). So every worker of a launcher also
 holds a lock of its own, ``<out>/.slimpar-workers/<host>-<launcher pid>-<pid>.lock``, until it exits
 (:func:`hold_worker_lock`); a new job that finds one of another launcher on this host still locked stops and
 names the pids. The files of the job's own launcher are skipped (under torchrun rank 0 takes the run lock while
