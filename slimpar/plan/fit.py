@@ -9,7 +9,8 @@ For each candidate of slimpar/plan/candidates.py, on the cluster's W workers:
    (evidence.py), or "no evidence";
 4. its peak memory per worker is predicted by the fake-tensor step of ``slimpar plan --memory``
    (memory.py); it fits when the peak is at most ``1 - fit.memory_margin`` of the worker's memory (the rest
-   is left to the CUDA context, the allocator's fragmentation and the communication buffers).
+   is left to the CUDA context, the allocator's fragmentation and the communication buffers). Predictions go
+   in the objective's order of the modelled scores until ``fit.top`` candidates fit (each costs seconds at 1B).
 
 Objectives: ``time`` ranks the fitting candidates by step time; ``time_at_quality`` the same among those
 whose predicted gap (plus its spread) is at most ``fit.max_gap``, then the rest; ``memory`` by peak.
@@ -40,6 +41,7 @@ class FitConfig:
     tokens: float = 0.0  # tokens the run trains on (its tokens per parameter); 0 = train.steps x batch x seq_len
     memory_margin: float = 0.1  # a candidate fits when its peak is <= (1 - margin) x the worker's memory
     jobs: int = 2  # processes predicting memory
+    top: int = 10  # predict memory, fastest first, until this many fit; 0 = every candidate (objective memory: all)
     candidates: str = ""  # only these comma-separated candidates and the rows they start ("DDP": DDP, DDP + AC)
 
 
@@ -74,8 +76,8 @@ def check_fit(fc: FitConfig) -> None:
     check_choice("fit.objective", fc.objective, OBJECTIVES)
     if not 0 <= fc.memory_margin < 1:
         raise ConfigError(f"fit.memory_margin = {fc.memory_margin}: a fraction in [0, 1)")
-    if fc.max_gap < 0 or fc.tokens < 0 or fc.jobs < 1:
-        bad = "max_gap" if fc.max_gap < 0 else "tokens" if fc.tokens < 0 else "jobs"
+    if fc.max_gap < 0 or fc.tokens < 0 or fc.jobs < 1 or fc.top < 0:
+        bad = "max_gap" if fc.max_gap < 0 else "tokens" if fc.tokens < 0 else "jobs" if fc.jobs < 1 else "top"
         raise ConfigError(f"fit.{bad} = {getattr(fc, bad)}: must be {'>= 1' if bad == 'jobs' else '>= 0'}")
 
 
@@ -111,29 +113,41 @@ def fit(base: Config, cluster: Cluster, fc: FitConfig | None = None,
     for r in rows:
         if r.config is None:
             tick(r.candidate.name)
-    by_name = {r.candidate.name: r for r in rows}
-    first = [r for r in rows if r.config is not None and (fc.objective == "memory" or not r.candidate.without_ac)]
-    _predict(first, cluster, fc, tick)
-    later = []  # AC rows, predicted only where the row without AC does not fit (AC only adds compute)
-    for r in rows:
-        base = by_name.get(r.candidate.without_ac)
-        if r.config is None or r in first:
-            continue
-        if base is not None and base.fits:
-            r.why = f"not predicted: {base.candidate.name} fits without AC (AC only adds a forward's compute)"
-            tick(r.candidate.name)
-        else:
-            later.append(r)
-    _predict(later, cluster, fc, tick)
+    _predict_in_order(rows, cluster, fc, tick)
     return rank(rows, fc)
 
 
-def _predict(rows: list[Scored], cluster: Cluster, fc: FitConfig, tick) -> None:
-    from slimpar.plan.memory import predict_all
+def _predict_in_order(rows: list[Scored], cluster: Cluster, fc: FitConfig, tick) -> None:
+    """Memory for the rows in the objective's order of the modelled scores, ``fc.jobs`` at a time, until
+    ``fc.top`` fit (0: all); an AC row only where the row without AC does not fit (AC only adds compute)."""
+    from slimpar.plan.memory import Predictor
 
-    memory = predict_all({r.candidate.name: r.config for r in rows}, fc.jobs, tick)
-    for r in rows:
-        _fit_memory(r, memory[r.candidate.name], cluster, fc.memory_margin)
+    by_name = {r.candidate.name: r for r in rows}
+    order = sorted((r for r in rows if r.config is not None), key=lambda r: _key(r, fc, modelled=True))
+    with Predictor(fc.jobs) as predictor:
+        while order:
+            if fc.top and fc.objective != "memory" and sum(r.fits for r in rows) >= fc.top:
+                break
+            wave = []
+            while order and len(wave) < fc.jobs:
+                r = order.pop(0)
+                base = by_name.get(r.candidate.without_ac)
+                if base is not None and base.fits and fc.objective != "memory":
+                    r.why = f"not predicted: {base.candidate.name} fits without AC (AC only adds a forward's compute)"
+                    tick(r.candidate.name)
+                elif base is not None and base.peak is None and not base.error and fc.objective != "memory":
+                    order.insert(0, r)  # its base is in this wave: wait for it
+                    break
+                else:
+                    wave.append(r)
+            if not wave:  # never wait on a row that is not coming
+                wave.append(order.pop(0))
+            memory = predictor.predict({r.candidate.name: r.config for r in wave}, tick)
+            for r in wave:
+                _fit_memory(r, memory[r.candidate.name], cluster, fc.memory_margin)
+    for r in order:
+        r.why = f"not predicted: {fc.top} faster candidates fit (--fit.top 0 predicts every row)"
+        tick(r.candidate.name)
 
 
 def _chosen(fc: FitConfig, cluster: Cluster) -> list[Candidate]:
@@ -181,20 +195,25 @@ def _within(r: Scored, max_gap: float) -> bool:
     return g is not None and g.gap is not None and g.gap + (g.std or 0.0) <= max_gap
 
 
-def rank(rows: list[Scored], fc: FitConfig) -> list[Scored]:
-    """Fitting rows first, ordered by the objective; then the rows that do not fit, then refused ones."""
-    def key(r: Scored):
-        if r.config is None or r.peak is None:
-            return (3, 0.0)
-        if not r.fits:
-            return (2, r.peak)
-        if fc.objective == "memory":
-            return (0, r.peak)
-        if fc.objective == "time_at_quality" and not _within(r, fc.max_gap):
-            return (1, r.step_s)
-        return (0, r.step_s)
+def _key(r: Scored, fc: FitConfig, modelled: bool = False):
+    """The objective's sort key; ``modelled``: before memory is known (every row counted as fitting)."""
+    if r.config is None:
+        return (4, 0.0)
+    if not modelled and r.peak is None:
+        return (3, r.step_s)
+    if not modelled and not r.fits:
+        return (2, r.peak)
+    if fc.objective == "memory":
+        return (0, r.peak if not modelled else 0.0)
+    if fc.objective == "time_at_quality" and not _within(r, fc.max_gap):
+        return (1, r.step_s)
+    return (0, r.step_s)
 
-    return sorted(rows, key=key)
+
+def rank(rows: list[Scored], fc: FitConfig) -> list[Scored]:
+    """Fitting rows first, ordered by the objective; then the rows that do not fit, those whose memory was not
+    predicted, and the refused ones."""
+    return sorted(rows, key=lambda r: _key(r, fc))
 
 
 def fit_model(model: str | Config, cluster: Cluster, tokens_per_step: int | None = None, *, seq_len: int | None = None,

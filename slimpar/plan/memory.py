@@ -1,8 +1,10 @@
 """Each candidate's peak memory per worker: ``slimpar plan --memory``'s fake-tensor step, in a pool, cached.
 
-For every candidate the workers whose memory can differ are predicted (slimpar.train.memory.predict): rank 0
-of DDP and FSDP2; SDP's worker holding the most (the first shard of its replica in the 2-D layout); a
-pipeline's first, second and last stage. The step measured is step 1 (``log.measure_step``): the optimizer
+For every candidate the workers whose memory can be the largest are predicted (slimpar.train.memory.predict):
+rank 0 of DDP and FSDP2; SDP's worker holding the most (the first shard of its replica in the 2-D layout); a
+pipeline's first stage (the embedding, the most blocks of an uneven split, and under 1F1B the most
+microbatches in flight) and its last (the head and the logits); a middle stage holds no more than the first.
+The step measured is step 1 (``log.measure_step``): the optimizer
 state exists from step 0 on, so its peak equals a later step's.
 
 Predictions run in ``jobs`` spawned processes (each a fake process group of its own) and are cached under
@@ -28,8 +30,7 @@ def ranks_to_predict(cfg: Config) -> list[int]:
     """The workers whose memory can differ (module docstring)."""
     mode = cfg.parallel.mode
     if mode == "pipeline":
-        p = cfg.pipeline.stages
-        return sorted({0, min(1, p - 1), p - 1})
+        return sorted({0, cfg.pipeline.stages - 1})
     if mode == "sdp":
         from slimpar.train.strategies.sdp_plan import plan_from_config
         from slimpar.train.validate.sdp import meta_model
@@ -71,25 +72,40 @@ def _predict(cfg: Config, ranks: list[int]) -> list[dict]:
     return predict_memory(replace(cfg, log=replace(cfg.log, measure_step=1)), ranks)
 
 
-def predict_all(cfgs: dict[str, Config], jobs: int = 2,
-                on_done: Callable[[str], None] | None = None) -> dict[str, list[dict] | str]:
-    """name -> the predicted ``mem`` records of its ranks (or an error's text), for every config in ``cfgs``."""
-    source, out, todo = _source_hash(), {}, {}
-    folder = cache_dir()
-    for name, cfg in cfgs.items():
-        ranks = ranks_to_predict(cfg)
-        path = folder / f"{_key(cfg, ranks, source)}.json"
-        if path.is_file():
-            out[name] = json.loads(path.read_text())
-            if on_done:
-                on_done(name)
-        else:
-            todo[name] = (cfg, ranks, path)
-    if not todo:
-        return out
-    folder.mkdir(parents=True, exist_ok=True)
-    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_predict, cfg, ranks): name for name, (cfg, ranks, _) in todo.items()}
+class Predictor:
+    """A pool of ``jobs`` spawned processes that predict configs' memory, with the cache in front of it (a
+    context manager: the pool starts at the first miss and ends with the ``with``)."""
+
+    def __init__(self, jobs: int = 2) -> None:
+        self.jobs, self.source, self.folder = max(1, jobs), _source_hash(), cache_dir()
+        self.pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Predictor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def predict(self, cfgs: dict[str, Config], on_done: Callable[[str], None] | None = None
+                ) -> dict[str, list[dict] | str]:
+        """name -> the predicted ``mem`` records of its ranks (or an error's text), for every config in ``cfgs``."""
+        out, todo = {}, {}
+        for name, cfg in cfgs.items():
+            ranks = ranks_to_predict(cfg)
+            path = self.folder / f"{_key(cfg, ranks, self.source)}.json"
+            if path.is_file():
+                out[name] = json.loads(path.read_text())
+                if on_done:
+                    on_done(name)
+            else:
+                todo[name] = (cfg, ranks, path)
+        if not todo:
+            return out
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        futures = {self.pool.submit(_predict, cfg, ranks): name for name, (cfg, ranks, _) in todo.items()}
         for fut in as_completed(futures):
             name = futures[fut]
             try:
@@ -101,4 +117,4 @@ def predict_all(cfgs: dict[str, Config], jobs: int = 2,
                 todo[name][2].write_text(json.dumps(rows))
             if on_done:
                 on_done(name)
-    return out
+        return out

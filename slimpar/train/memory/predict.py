@@ -92,6 +92,8 @@ def _fake_friendly() -> Iterator[None]:
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         if dtype is None and (device is None or device.type == "cpu"):
             return self
+        if dtype is None and device.type == "meta":
+            return _to_meta(self)
         return original(self, *args, **kwargs)
 
     nn.Module.to = to
@@ -116,6 +118,20 @@ def _copy_fake(t: torch.Tensor, memo: dict) -> torch.Tensor:
     if t.constant is not None and id(t.constant) not in memo:
         memo[id(t.constant)] = _real(copy.deepcopy)(t.constant)
     return torch.Tensor.__deepcopy__(t, memo)
+
+
+def _to_meta(module: nn.Module) -> nn.Module:
+    """``module.to("meta")`` by replacing each parameter and buffer: ``Module._apply`` swaps a fake tensor for
+    its converted copy, which fails where another reference holds it (the hybrid's block skeletons at 1B)."""
+    for m in module.modules():
+        for name, p in list(m._parameters.items()):
+            if p is not None:
+                m._parameters[name] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
+                                                   requires_grad=p.requires_grad)
+        for name, b in list(m._buffers.items()):
+            if b is not None:
+                m._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="meta")
+    return module
 
 
 def _own_object_everywhere(object_list: list, obj, group=None) -> None:
