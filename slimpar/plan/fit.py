@@ -140,6 +140,8 @@ def _predict_in_order(rows: list[Scored], cluster: Cluster, fc: FitConfig, tick)
                     break
                 else:
                     wave.append(r)
+            if not wave and not order:
+                break
             if not wave:  # never wait on a row that is not coming
                 wave.append(order.pop(0))
             memory = predictor.predict({r.candidate.name: r.config for r in wave}, tick)
