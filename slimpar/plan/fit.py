@@ -148,7 +148,10 @@ def _predict_in_order(rows: list[Scored], cluster: Cluster, fc: FitConfig, tick)
             for r in wave:
                 _fit_memory(r, memory[r.candidate.name], cluster, fc.memory_margin)
     for r in order:
-        r.why = f"not predicted: {fc.top} faster candidates fit (--fit.top 0 predicts every row)"
+        base = by_name.get(r.candidate.without_ac)
+        r.why = (f"not predicted: {base.candidate.name} fits without AC (AC only adds a forward's compute)"
+                 if base is not None and base.fits else
+                 f"not predicted: {fc.top} faster candidate(s) fit (--fit.top 0 predicts every row)")
         tick(r.candidate.name)
 
 

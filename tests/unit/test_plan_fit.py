@@ -153,3 +153,18 @@ def test_cli_json_ranks_by_memory(tmp_path):
     assert peaks == sorted(peaks) and all(r["fits"] for r in rows)
     assert all(r["command"].startswith("slimpar train --config llama_tiny ") for r in rows)
     assert out["cluster"]["workers"] == 4
+
+
+def test_top_stops_predicting_once_enough_fit(tmp_path, monkeypatch):
+    """fit.top 1: the fastest modelled candidate is predicted (it fits), AC rows wait for their base, the rest
+    are not predicted and say so; the ranking puts the predicted row first."""
+    from slimpar.plan.fit import FitConfig, fit
+
+    monkeypatch.setenv("SLIMPAR_CACHE", str(tmp_path))
+    rows = fit(load_config(TINY), _cluster(), FitConfig(candidates="DDP,FSDP2", top=1, jobs=1))
+    assert rows[0].fits and rows[0].peak is not None
+    assert sum(r.peak is not None for r in rows) == 1
+    ac = [r for r in rows if r.candidate.without_ac]
+    assert all(r.why.startswith("not predicted") for r in rows[1:])
+    assert any("fits without AC" in r.why for r in ac)
+    assert rows[0].step_s == min(r.step_s for r in rows if not r.candidate.without_ac)
