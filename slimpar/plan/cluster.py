@@ -29,13 +29,18 @@ class Preset:
     tflops: float  # bf16 dense peak, TFLOP/s (slimpar/parallel/flops.py's table)
     intra_gbps: float  # GPU-to-GPU inside a node, Gbit/s per direction
     source: str
+    gpu: str = ""  # the name a committed throughput result on this GPU carries (torch.cuda.get_device_name)
 
 
 PRESETS: dict[str, Preset] = {
-    "h100": Preset(int(79.1 * GIB), 989.0, 3600.0, "H100 SXM5 80 GB: 989 TFLOP/s bf16 dense, NVLink 4 450 GB/s a way"),
-    "h200": Preset(int(139.8 * GIB), 989.0, 3600.0, "H200 SXM 141 GB: 989 TFLOP/s bf16 dense, NVLink 4 450 GB/s a way"),
-    "a100-80gb": Preset(int(79.1 * GIB), 312.0, 2400.0, "A100 SXM 80 GB: 312 TFLOP/s bf16, NVLink 3 300 GB/s a way"),
-    "l4": Preset(int(22.0 * GIB), 121.0, 256.0, "L4 24 GB: 121 TFLOP/s bf16 dense, PCIe 4.0 x16 32 GB/s a way"),
+    "h100": Preset(int(79.1 * GIB), 989.0, 3600.0,
+                   "H100 SXM5 80 GB: 989 TFLOP/s bf16 dense, NVLink 4 450 GB/s a way", gpu="H100"),
+    "h200": Preset(int(139.8 * GIB), 989.0, 3600.0,
+                   "H200 SXM 141 GB: 989 TFLOP/s bf16 dense, NVLink 4 450 GB/s a way", gpu="H200"),
+    "a100-80gb": Preset(int(79.1 * GIB), 312.0, 2400.0,
+                        "A100 SXM 80 GB: 312 TFLOP/s bf16, NVLink 3 300 GB/s a way", gpu="A100"),
+    "l4": Preset(int(22.0 * GIB), 121.0, 256.0,
+                 "L4 24 GB: 121 TFLOP/s bf16 dense, PCIe 4.0 x16 32 GB/s a way", gpu="L4"),
 }
 
 
@@ -120,9 +125,11 @@ def _check(cc: ClusterConfig) -> None:
         raise ConfigError(f"cluster.mfu = {cc.mfu}: a fraction of the peak, at most 1")
 
 
-def resolve_cluster(cc: ClusterConfig, measured_mfu: float | None = None) -> Cluster:
-    """The cluster ``cc`` describes: explicit fields first, then the preset (or this machine's measurements).
-    ``measured_mfu``: a committed throughput result's MFU for this GPU, used where ``cc.mfu`` is 0."""
+def resolve_cluster(cc: ClusterConfig) -> Cluster:
+    """The cluster ``cc`` describes: explicit fields first, then the preset (or this machine's measurements);
+    where ``cc.mfu`` is 0, the MFU of a committed throughput result on the preset's GPU, else an assumption."""
+    from slimpar.plan.evidence import measured_mfu as committed
+
     _check(cc)
     notes: list[str] = []
     if cc.preset == "this":
@@ -136,10 +143,14 @@ def resolve_cluster(cc: ClusterConfig, measured_mfu: float | None = None) -> Clu
     memory = parse_size(cc.gpu_memory, "gpu_memory") if cc.gpu_memory else base.memory
     if cc.preset == "this" and not cc.gpu_memory and not _local_gpus_cuda():
         memory = base.memory // per_node  # the workers of a CPU "node" share its memory
-    mfu = cc.mfu or measured_mfu or ASSUMED_MFU
-    if not cc.mfu:
-        notes.append(f"MFU {mfu:.2f}: " + ("measured (slimpar bench throughput)" if measured_mfu else
-                                          "assumed; measure it with slimpar bench throughput and pass --cluster.mfu"))
+    record = committed(base.gpu) if base.gpu and not cc.mfu else None
+    mfu = cc.mfu or (record["mfu"] if record else ASSUMED_MFU)
+    if record:
+        notes.append(f"MFU {mfu:.2f}: measured, slimpar bench throughput's {record['row']!r} at {record['size']} "
+                     f"({record['file']}, commit {record['commit'][:7]})")
+    elif not cc.mfu:
+        notes.append(f"MFU {mfu:.2f}: assumed (no committed slimpar bench throughput result on this GPU); measure "
+                     "it with slimpar bench throughput --device cuda and pass --cluster.mfu")
     intra = cc.intra_gbps or base.intra_gbps
     if not intra:
         intra = THIS_INTRA_GBPS

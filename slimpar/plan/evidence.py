@@ -7,6 +7,9 @@ codecs) in and out of domain, each with its spread over seeds, and the row and c
 anew from a checkout with ``python -m slimpar.plan.evidence``; the suite checks that it equals what the
 results files give.
 
+It also holds, per GPU, the best MFU a ``slimpar train`` row reached in a committed ``bench throughput`` run on
+that GPU (none is committed yet), which the cluster presets start from.
+
 A gap is read off by linear interpolation in log(tokens per parameter) between the points that surround the
 run's; outside the measured range there is no evidence, and the answer says which range was measured. DDP,
 FSDP2 and the uncompressed pipeline train the same update as DDP: their gap is 0 by construction.
@@ -80,7 +83,31 @@ def build_evidence(results: Path) -> dict:
                                    "ood_gap": line.get("val_wikipedia_loss_gap"), "seeds": len(line["seeds"]),
                                    "row": f"{name}: {line['row']}", "commit": files[name]["meta"]["git_commit"]})
         out[key] = sorted(points, key=lambda p: p["tokens_per_param"])
+    out["mfu"] = build_mfu(results)
     return out
+
+
+def build_mfu(results: Path) -> dict:
+    """GPU name -> the best MFU of a ``slimpar train`` row in the committed ``bench throughput`` results on a GPU
+    (docs/results/throughput*/results.json), with its row, model size and commit."""
+    out: dict = {}
+    for path in sorted(results.glob("throughput*/results.json")):
+        data = json.loads(path.read_text())
+        meta = data["meta"]
+        if meta.get("device") != "cuda":
+            continue
+        rows = [ln for ln in data["lines"] if ln["row"].startswith("train") and ln.get("mfu")]
+        if rows:
+            best = max(rows, key=lambda ln: ln["mfu"])
+            out[meta["device_name"]] = {"mfu": best["mfu"], "row": best["row"], "size": meta["shape"]["size"],
+                                        "commit": meta["git_commit"], "file": path.relative_to(results).as_posix()}
+    return out
+
+
+def measured_mfu(gpu: str, evidence: dict | None = None) -> dict | None:
+    """The committed MFU record of the first GPU whose name contains ``gpu`` (e.g. "H100"), or None."""
+    table = (evidence if evidence is not None else load_evidence()).get("mfu", {})
+    return next((v for name, v in table.items() if gpu.lower() in name.lower()), None)
 
 
 def load_evidence() -> dict:

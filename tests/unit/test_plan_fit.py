@@ -168,3 +168,23 @@ def test_top_stops_predicting_once_enough_fit(tmp_path, monkeypatch):
     assert all(r.why.startswith("not predicted") for r in rows[1:])
     assert any("fits without AC" in r.why for r in ac)
     assert rows[0].step_s == min(r.step_s for r in rows if not r.candidate.without_ac)
+
+
+def test_committed_gpu_mfu_is_the_presets_start(monkeypatch, tmp_path):
+    """A committed bench throughput result on a GPU gives that preset its MFU, named in the notes; without one the
+    MFU is assumed and said to be."""
+    from slimpar.plan import evidence
+
+    results = tmp_path / "throughput-gpu"
+    results.mkdir()
+    meta = {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "shape": {"size": "134m"},
+            "git_commit": "abc1234"}
+    lines = [{"row": "train eager", "mfu": 0.31}, {"row": "train compiled", "mfu": 0.38}, {"row": "plain", "mfu": 0.5}]
+    (results / "results.json").write_text(json.dumps({"meta": meta, "lines": lines}))
+    table = evidence.build_mfu(tmp_path)
+    assert table["NVIDIA H100 80GB HBM3"]["mfu"] == 0.38  # the trainer's best row, not the plain loop's
+    monkeypatch.setattr(evidence, "load_evidence", lambda: {"mfu": table})
+    c = resolve_cluster(ClusterConfig(preset="h100"))
+    assert c.mfu == 0.38 and any("measured" in n and "abc1234" in n for n in c.notes)
+    c = resolve_cluster(ClusterConfig(preset="a100-80gb"))
+    assert c.mfu == 0.35 and any("assumed" in n for n in c.notes)
