@@ -46,7 +46,7 @@ def header(cfg, cluster: Cluster, fc: FitConfig, seconds: float) -> str:
     s = shape_of(cfg)
     tokens = cfg.train.batch_size * cfg.data.seq_len
     total = fc.tokens or cfg.train.steps * tokens
-    return (f"plan --fit: LLaMA {cfg.model.size} ({s.params / 1e6:,.0f}M parameters), {cfg.train.dtype}, global batch "
+    return (f"plan --fit: LLaMA {cfg.model.size} ({s.params / 1e6:,.3g}M parameters), {cfg.train.dtype}, global batch "
             f"{cfg.train.batch_size} x {cfg.data.seq_len} = {tokens:,} tokens a step, {total / s.params:.2g} tokens "
             f"per parameter; {cluster.nodes} x {cluster.gpus_per_node} {cluster.name} "
             f"({cluster.gpu_memory / 1024**3:.1f} GiB, {cluster.tflops:g} TFLOP/s at MFU {cluster.mfu:.2f}), links "

@@ -149,8 +149,8 @@ def resolve_cluster(cc: ClusterConfig) -> Cluster:
         notes.append(f"MFU {mfu:.2f}: measured, slimpar bench throughput's {record['row']!r} at {record['size']} "
                      f"({record['file']}, commit {record['commit'][:7]})")
     elif not cc.mfu:
-        notes.append(f"MFU {mfu:.2f}: assumed (no committed slimpar bench throughput result on this GPU); measure "
-                     "it with slimpar bench throughput --device cuda and pass --cluster.mfu")
+        notes.append(f"MFU {mfu:.2f}: assumed (no committed slimpar bench throughput result on this device); "
+                     "measure it with slimpar bench throughput and pass --cluster.mfu")
     intra = cc.intra_gbps or base.intra_gbps
     if not intra:
         intra = THIS_INTRA_GBPS

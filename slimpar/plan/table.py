@@ -6,8 +6,9 @@ import shlex
 
 from slimpar.plan.cluster import Cluster
 from slimpar.plan.fit import FitConfig, Scored
+from slimpar.utils import fmt_bytes
 
-HEAD = ("rank", "configuration", "fits", "peak GiB / worker", "bytes / step (intra, inter)", "step s", "tokens/s",
+HEAD = ("rank", "configuration", "fits", "peak / worker", "bytes / step (intra, inter)", "step s", "tokens/s",
         "predicted loss gap ±", "the `slimpar train` command")
 
 
@@ -22,7 +23,7 @@ def command(r: Scored, base_args: list[str]) -> str:
 def row(i: int, r: Scored, base_args: list[str]) -> list[str]:
     if r.config is None:
         return [str(i), r.candidate.name, "no", "–", "–", "–", "–", "–", r.why]
-    peak = "–" if r.peak is None else f"{r.peak / 1024**3:.1f}"
+    peak = "–" if r.peak is None else fmt_bytes(r.peak)
     fits = "yes" if r.fits else f"no: {r.why}" if r.peak is not None else r.why
     return [str(i), r.candidate.name, fits, peak, f"{_gb(r.bytes_intra)}, {_gb(r.bytes_inter)}", f"{r.step_s:.3g}",
             f"{r.tokens_per_s:,.0f}", r.gap.text() if r.gap else "–", f"`{command(r, base_args)}`"]
