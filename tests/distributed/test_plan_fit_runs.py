@@ -20,8 +20,9 @@ from tests.helpers import TINY, LazyRuns, run_train, summary
 
 COMMON = ["--parallel.workers", "4", "--train.steps", "3", "--log.measure_step", "2", "--eval.batches", "1",
           "--data.ood", "none", "--checkpoint.export", "false", "--checkpoint.final", "false"]
-CASES = [pytest.param("DDP", marks=pytest.mark.slow), "B-SDP 1/2", pytest.param("B-SDP 1/2 + FSDP2 2", marks=pytest.mark.slow),
-         pytest.param("FSDP2", marks=pytest.mark.slow), "pipeline 4 x 1, MAPL 4x"]
+CASES = [pytest.param("DDP", marks=pytest.mark.slow), "B-SDP 1/2",
+         pytest.param("B-SDP 1/2 + FSDP2 2", marks=pytest.mark.slow), pytest.param("FSDP2", marks=pytest.mark.slow),
+         "pipeline 4 x 1, MAPL 4x"]
 
 
 @pytest.fixture(scope="module")
