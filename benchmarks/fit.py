@@ -8,7 +8,9 @@ with exactly the planner's overrides (benchmarks.network.wallclock.run_one: medi
 
 The compute rate is calibrated once, from a run that is none of the measured ones: DDP on 4 local workers
 over loopback (no throttling), whose step is compute-bound; its FLOPs per worker over its step time give the
-cluster's achieved FLOP/s (``--cluster.tflops`` at MFU 1). Every prediction then comes from the planner alone:
+cluster's achieved FLOP/s (``--cluster.tflops`` at MFU 1). The per-message latency comes from a probe: 4 local
+gloo processes all-reduce one float 300 times (``--cluster.latency_us`` = its time / 6 ring steps). Every
+prediction then comes from the planner alone:
 bytes from its traffic model, memory from its fake-tensor step. Reported per rate: the step-time error of every
 candidate, Kendall's tau between the predicted and the measured ranking, and the memory error (the runs' own
 accounting at the step they instrument against the prediction).
@@ -36,11 +38,52 @@ def _base():
     return load_config(CONFIGS / "llama_tiny.toml")
 
 
-def _cluster(rate: float, tflops: float):
+def _cluster(rate: float, tflops: float, latency_us: float = 0.0):
     from slimpar.plan.cluster import ClusterConfig, resolve_cluster
 
     return resolve_cluster(ClusterConfig(preset="this", nodes=2, gpus_per_node=2, gpu_memory="4GiB",
-                                         intra_gbps=10.0, inter_gbps=rate / 1000, tflops=tflops, mfu=1.0))
+                                         intra_gbps=10.0, inter_gbps=rate / 1000, tflops=tflops, mfu=1.0,
+                                         latency_us=latency_us))
+
+
+def _probe_worker(rank: int, world: int, store: str, out: str) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
+    t = torch.zeros(1)
+    for _ in range(20):
+        dist.all_reduce(t)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(PROBE_CALLS):
+        dist.all_reduce(t)
+    seconds = (time.perf_counter() - t0) / PROBE_CALLS
+    if rank == 0:
+        Path(out).write_text(str(seconds))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+PROBE_CALLS = 300
+
+
+def latency_probe(tmp: Path, world: int = 4) -> dict:
+    """The per-message latency of this machine's gloo workers: ``world`` local processes all-reduce one float
+    ``PROBE_CALLS`` times; a ring all-reduce waits on 2 (k - 1) messages a rank."""
+    import torch.multiprocessing as mp
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "store").unlink(missing_ok=True)
+    out = tmp / "probe.txt"
+    mp.start_processes(_probe_worker, args=(world, f"file://{tmp / 'store'}", str(out)), nprocs=world,
+                       start_method="spawn")
+    seconds = float(out.read_text())
+    return {"all_reduce_s": seconds, "latency_us": seconds / (2 * (world - 1)) * 1e6, "world": world,
+            "calls": PROBE_CALLS}
 
 
 def calibrate(out: Path) -> dict:
@@ -60,11 +103,11 @@ def calibrate(out: Path) -> dict:
             "command": run["command"]}
 
 
-def _predict(rows: tuple[str, ...], rate: float, tflops: float) -> dict:
+def _predict(rows: tuple[str, ...], rate: float, tflops: float, latency_us: float) -> dict:
     from slimpar.plan.fit import FitConfig, fit
 
-    fc = FitConfig(candidates=",".join(rows), jobs=2)
-    scored = fit(_base(), _cluster(rate, tflops), fc)
+    fc = FitConfig(candidates=",".join(rows), jobs=2, top=0)
+    scored = fit(_base(), _cluster(rate, tflops, latency_us), fc)
     return {r.candidate.name: r for r in scored if r.candidate.name in rows}
 
 
@@ -91,9 +134,10 @@ def bench_fit(out: Path, quick: bool = False) -> dict:
     rows = QUICK_ROWS if quick else ROWS
     rates = RATES[1:] if quick else RATES
     cal = calibrate(out)
+    cal["latency"] = latency_probe(out / "probe")
     lines = []
     for rate in rates:
-        predicted = _predict(rows, rate, cal["tflops"])
+        predicted = _predict(rows, rate, cal["tflops"], cal["latency"]["latency_us"])
         for name in rows:
             p = predicted[name]
             m = _measure(name, p.candidate.overrides, rate, out)
@@ -128,7 +172,9 @@ def report(data: dict) -> str:
             "configs/llama_tiny.toml on two \"nodes\" of 2 gloo workers (network namespaces; the link between them "
             "limited with tbf both ways, loopback inside a node) against runs of the same candidates there. Compute "
             f"rate calibrated once from a local unthrottled DDP x 4 run: {cal['step_time_s']:.4f} s a step, "
-            f"{cal['tflops'] * 1e3:.3g} GFLOP/s per worker. Load average at the end: {m['loadavg_1m_at_end']:.1f}."
+            f"{cal['tflops'] * 1e3:.3g} GFLOP/s per worker; latency from a probe of 4 local gloo processes: "
+            f"{cal['latency']['latency_us']:.0f} us per message step. Load average at the end: "
+            f"{m['loadavg_1m_at_end']:.1f}."
             "\n\n")
     rows = [[ln["row"], f"{ln['rate_mbit']:g}", fmt(ln["predicted_step_s"], 3), fmt(ln["measured_step_s"], 3),
              f"{100 * ln['step_error']:+.0f}%", fmt(ln["predicted_inter_bytes"], 0),

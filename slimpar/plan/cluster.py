@@ -19,6 +19,8 @@ from slimpar.config import ConfigError
 GIB = 1024**3
 THIS_INTRA_GBPS = 10.0  # this machine's worker-to-worker link where not given (loopback, NVLink: give it)
 ASSUMED_MFU = 0.35  # no committed `slimpar bench throughput` result on a GPU yet (docs/planning.md)
+GPU_LATENCY_US = 10.0  # a NCCL ring step: launch and a hop over NVLink or InfiniBand (order of magnitude)
+CPU_LATENCY_US = 50.0  # a gloo ring step over TCP between processes (order of magnitude)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class ClusterConfig:
     inter_gbps: float = 100.0  # per direction out of a node (its workers share it)
     tflops: float = 0.0  # peak TFLOP/s per worker; 0 = the preset's (this: the matmul probe)
     mfu: float = 0.0  # fraction of tflops a step achieves; 0 = measured where known, else assumed
+    latency_us: float = 0.0  # microseconds a message waits per ring step; 0 = 10 for GPUs (NCCL), 50 for "this" CPU
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Cluster:
     mfu: float
     notes: tuple[str, ...] = field(default=())
     gloo: bool = False  # CPU workers: gloo's collectives (its reduce-scatter costs an all-reduce's bytes)
+    latency_us: float = 10.0  # per message step (a ring's step, a pipeline send)
 
     @property
     def workers(self) -> int:
@@ -118,7 +122,7 @@ def _check(cc: ClusterConfig) -> None:
         raise ConfigError(f"cluster.gpus_per_node = {cc.gpus_per_node}: must be at least 1 (0 = the preset's)")
     if cc.inter_gbps <= 0 and cc.nodes > 1:
         raise ConfigError(f"cluster.inter_gbps = {cc.inter_gbps}: nodes need a link; give Gbit/s per direction > 0")
-    for name in ("intra_gbps", "tflops", "mfu"):
+    for name in ("intra_gbps", "tflops", "mfu", "latency_us"):
         if getattr(cc, name) < 0:
             raise ConfigError(f"cluster.{name} = {getattr(cc, name)}: must be positive (0 = the preset's)")
     if cc.mfu > 1:
@@ -156,9 +160,12 @@ def resolve_cluster(cc: ClusterConfig) -> Cluster:
         intra = THIS_INTRA_GBPS
         notes.append(f"intra-node link assumed {intra:g} Gbit/s (not measured; --cluster.intra_gbps)")
     gloo = cc.preset == "this" and not _local_gpus_cuda()
+    latency = cc.latency_us or (CPU_LATENCY_US if gloo else GPU_LATENCY_US)
+    if not cc.latency_us:
+        notes.append(f"latency {latency:g} us per message step, assumed (--cluster.latency_us)")
     return Cluster(name=cc.preset, nodes=cc.nodes, gpus_per_node=per_node, gpu_memory=memory,
                    intra_gbps=intra, inter_gbps=cc.inter_gbps,
-                   tflops=cc.tflops or base.tflops, mfu=mfu, notes=tuple(notes), gloo=gloo)
+                   tflops=cc.tflops or base.tflops, mfu=mfu, notes=tuple(notes), gloo=gloo, latency_us=latency)
 
 
 def _local_gpus_cuda() -> int:

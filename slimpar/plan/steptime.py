@@ -16,16 +16,15 @@ With c = FLOPs / (peak x MFU) per worker and each communication phase's time fro
   during the backward flow; then the stage replicas' gradient all-reduce (pipeline x DDP averages after the
   schedule) and a tied embedding's gradient exchange.
 
-Not modelled: latency per message, kernel-launch overheads, the codecs' own compute, and the optimizer step.
+Every phase adds its messages in turn times the cluster's per-message latency (traffic.py), and a pipeline link
+one latency per microbatch. Not modelled: kernel-launch overheads, the codecs' own compute, the optimizer step.
 """
 
 from __future__ import annotations
 
 from slimpar.plan.cluster import Cluster
 from slimpar.plan.traffic import Load
-from slimpar.plan.workload import Workload
-
-BUCKET_BYTES = 25 * 1024**2
+from slimpar.plan.workload import BUCKET_BYTES, Workload
 
 
 def step_seconds(w: Workload, cluster: Cluster, mode: str, fsdp_layout: bool, schedule: str = "1f1b") -> dict:
@@ -59,8 +58,9 @@ def _pipeline(w: Workload, rate: float, t, schedule: str) -> dict[str, float]:
     m = w.microbatches
     fwd = [f / rate for f in w.stage_fwd]
     bwd = [b / rate for b in w.stage_bwd]
-    link_f = [b.fwd / m * 8 / (b.gbps * 1e9) for b in t.boundaries]
-    link_b = [b.bwd / m * 8 / (b.gbps * 1e9) for b in t.boundaries]
+    latency = t.overlap.cluster.latency_us * 1e-6  # one message per microbatch and boundary each way
+    link_f = [b.fwd / m * 8 / (b.gbps * 1e9) + latency for b in t.boundaries]
+    link_b = [b.bwd / m * 8 / (b.gbps * 1e9) + latency for b in t.boundaries]
     free = [0.0] * len(link_f)
     if schedule == "gpipe":
         compute = _flow(fwd, free, m) + _flow(bwd, free, m)

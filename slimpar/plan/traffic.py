@@ -10,8 +10,11 @@ algorithms; ranks fill nodes in order): each edge of the ring carries
 - point-to-point (a pipeline boundary): its bytes, on its one edge.
 
 An edge between two workers of one node is intra-node; an edge between nodes leaves through the node's
-link, which all its workers share. So a phase of communication takes
-``max(busiest worker's intra bytes / intra_gbps, busiest node's inter bytes / inter_gbps)``.
+link, which all its workers share. A ring's step waits on the previous rank's message: an all-reduce is
+2 (k - 1) steps, an all-gather or reduce-scatter k - 1, each costing the cluster's per-message latency. So a
+phase of communication takes ``max(busiest worker's intra bytes / intra_gbps, busiest node's inter bytes /
+inter_gbps) + the busiest rank's steps x latency``; collectives are counted as the trainer issues them
+(DDP's and SDP's 25 MiB buckets, one FSDP2 unit per block and the root).
 
 What each mode sends per step (gradients in fp32, as slimpar's trainer keeps them):
 DDP all-reduces every gradient; FSDP2 all-gathers the parameters in forward and the blocks' again in
@@ -42,43 +45,50 @@ class Load:
     intra: dict[int, float] = field(default_factory=lambda: defaultdict(float))  # rank -> bytes
     inter: dict[int, float] = field(default_factory=lambda: defaultdict(float))  # node -> bytes
     sent: dict[int, float] = field(default_factory=lambda: defaultdict(float))  # rank -> all bytes it sends
+    hops: dict[int, float] = field(default_factory=lambda: defaultdict(float))  # rank -> messages it waits on
 
-    def edge(self, src: int, dst: int, n: float) -> None:
+    def edge(self, src: int, dst: int, n: float, hop: bool = True) -> None:
         node = self.cluster.node_of
         self.sent[src] += n
+        if hop:
+            self.hops[dst] += 1
         if node(src) == node(dst):
             self.intra[src] += n
         else:
             self.inter[node(src)] += n
 
-    def ring(self, ranks: list[int], per_edge: float) -> None:
+    def ring(self, ranks: list[int], per_edge: float, steps: float) -> None:
+        """Every rank sends ``per_edge`` bytes to the next and waits on ``steps`` messages in turn."""
         if len(ranks) > 1:
             for i, r in enumerate(ranks):
-                self.edge(r, ranks[(i + 1) % len(ranks)], per_edge)
+                self.edge(r, ranks[(i + 1) % len(ranks)], per_edge, hop=False)
+                self.hops[r] += steps
 
-    def all_reduce(self, ranks: list[int], n: float) -> None:
+    def all_reduce(self, ranks: list[int], n: float, calls: int = 1) -> None:
+        """``calls`` ring all-reduces of ``n`` bytes in all (DDP's buckets: one each)."""
         k = len(ranks)
-        self.ring(ranks, 2 * (k - 1) / k * n if k > 1 else 0.0)
+        self.ring(ranks, 2 * (k - 1) / k * n if k > 1 else 0.0, 2 * (k - 1) * calls)
 
-    def gather(self, ranks: list[int], n: float) -> None:
-        """An all-gather of a tensor of ``n`` bytes in all."""
+    def gather(self, ranks: list[int], n: float, calls: int = 1) -> None:
+        """``calls`` all-gathers of ``n`` bytes in all (FSDP2's units: one each)."""
         k = len(ranks)
-        self.ring(ranks, (k - 1) / k * n if k > 1 else 0.0)
+        self.ring(ranks, (k - 1) / k * n if k > 1 else 0.0, (k - 1) * calls)
 
-    def reduce_scatter(self, ranks: list[int], n: float) -> None:
+    def reduce_scatter(self, ranks: list[int], n: float, calls: int = 1) -> None:
         """A reduce-scatter of ``n`` bytes: NCCL's ring; gloo has none and torch runs an all-reduce for it
         (measured on the veth counters of two CPU "nodes": slimpar bench fit)."""
         if self.cluster.gloo:
-            self.all_reduce(ranks, n)
+            self.all_reduce(ranks, n, calls)
         else:
-            self.gather(ranks, n)
+            self.gather(ranks, n, calls)
 
     def chain(self, ranks: list[int], n: float) -> None:
         for a, b in zip(ranks, ranks[1:], strict=False):
             self.edge(a, b, n)
 
     def add(self, other: Load) -> None:
-        for mine, theirs in ((self.intra, other.intra), (self.inter, other.inter), (self.sent, other.sent)):
+        pairs = ((self.intra, other.intra), (self.inter, other.inter), (self.sent, other.sent), (self.hops, other.hops))
+        for mine, theirs in pairs:
             for k, v in theirs.items():
                 mine[k] += v
 
@@ -91,9 +101,11 @@ class Load:
         return max(self.inter.values(), default=0.0)
 
     def seconds(self) -> float:
+        """The busiest link's bytes over its speed, plus the busiest rank's messages in turn x the latency."""
         c = self.cluster
         inter = self.inter_max * 8 / (c.inter_gbps * 1e9) if self.inter_max else 0.0
-        return max(self.intra_max * 8 / (c.intra_gbps * 1e9), inter)
+        latency = max(self.hops.values(), default=0.0) * c.latency_us * 1e-6
+        return max(self.intra_max * 8 / (c.intra_gbps * 1e9), inter) + latency
 
 
 @dataclass

@@ -10,6 +10,8 @@ other half) only the held blocks'. A pipeline stage costs its blocks, and the la
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from slimpar.config import Config
@@ -73,12 +75,12 @@ def workload(cfg: Config, cluster: Cluster) -> Workload:
     ranks = list(range(cfg.parallel.workers))
     grads = s.params * 4  # fp32 gradients
     if mode == "ddp":
-        t.overlap.all_reduce(ranks, grads)
+        t.overlap.all_reduce(ranks, grads, buckets(grads))
         w.fwd, w.bwd = full / 3, 2 * full / 3
-    elif mode == "fsdp":
-        t.gather.gather(ranks, s.params * _compute_bytes(cfg))
-        t.overlap.gather(ranks, s.layers * s.block_params * _compute_bytes(cfg))  # the blocks again, in backward
-        t.overlap.reduce_scatter(ranks, grads)
+    elif mode == "fsdp":  # one unit per block and the root
+        t.gather.gather(ranks, s.params * _compute_bytes(cfg), s.layers + 1)
+        t.overlap.gather(ranks, s.layers * s.block_params * _compute_bytes(cfg), s.layers)  # blocks again, backward
+        t.overlap.reduce_scatter(ranks, grads, s.layers + 1)
         w.fwd, w.bwd = full / 3, 2 * full / 3
     elif mode == "sdp":
         share = _sdp(cfg, cluster, t)
@@ -95,6 +97,14 @@ def workload(cfg: Config, cluster: Cluster) -> Workload:
         w.bwd += w.fwd
     w.traffic = finish(t, Load(cluster))
     return w
+
+
+BUCKET_BYTES = 25 * 1024**2  # DDP's bucket_cap_mb, and SDP's holder buckets
+
+
+def buckets(nbytes: float) -> int:
+    """Collectives a bucketed all-reduce of ``nbytes`` issues."""
+    return max(1, math.ceil(nbytes / BUCKET_BYTES))
 
 
 def _compute_bytes(cfg: Config) -> int:
@@ -115,10 +125,14 @@ def _sdp(cfg: Config, cluster: Cluster, t: Traffic) -> float:
     def ranks(replicas, shard: int) -> list[int]:
         return [i * f + shard for i in replicas]
 
+    per_set: dict[tuple[int, ...], float] = defaultdict(float)  # holder set -> gradient bytes (one bucket list)
+    for c, holders in zip(plan.components, plan.holder_sets(), strict=True):
+        per_set[holders] += c.elements * grad / f
     for shard in range(f):
-        for c, holders in zip(plan.components, plan.holder_sets(), strict=True):
-            t.overlap.all_reduce(ranks(holders, shard), c.elements * grad / f)
-        t.overlap.all_reduce(ranks(range(n), shard), plan.shared_numel * grad / f)
+        for holders, nbytes in per_set.items():
+            t.overlap.all_reduce(ranks(holders, shard), nbytes, buckets(nbytes))
+        shared = plan.shared_numel * grad / f
+        t.overlap.all_reduce(ranks(range(n), shard), shared, buckets(shared))
         if cfg.sdp.regime == "backward":
             for c, members in refresh_sets(plan).items():
                 numel = plan.components[c].elements
@@ -126,10 +140,10 @@ def _sdp(cfg: Config, cluster: Cluster, t: Traffic) -> float:
     if f > 1:
         for i in range(n):
             group = list(range(i * f, (i + 1) * f))
-            held = plan.bytes_per_worker[i] // 4
-            t.gather.gather(group, held * _compute_bytes(cfg))
-            t.overlap.gather(group, (held - plan.shared_numel) * _compute_bytes(cfg))  # blocks again in backward
-            t.overlap.reduce_scatter(group, held * 4)
+            held, units = plan.bytes_per_worker[i] // 4, int(plan.mask[i].sum())
+            t.gather.gather(group, held * _compute_bytes(cfg), units + 1)
+            t.overlap.gather(group, (held - plan.shared_numel) * _compute_bytes(cfg), units)  # blocks again, backward
+            t.overlap.reduce_scatter(group, held * 4, units + 1)
     return max(plan.keep_bytes_per_worker)
 
 
@@ -168,7 +182,8 @@ def _pipeline(cfg: Config, cluster: Cluster, s: Shape, tokens: int, ac: bool) ->
         _stage_sdp(cfg, t, p, replicas, stage_params, blocks, s.block_params)
     else:
         for i in range(p):
-            t.exposed.all_reduce([r * p + i for r in range(replicas)], stage_params[i] * 4)
+            t.exposed.all_reduce([r * p + i for r in range(replicas)], stage_params[i] * 4,
+                                 buckets(stage_params[i] * 4))
     if cfg.model.tie_embeddings and p > 1:  # the embedding's rows of the step's ids (at most), the head's all
         elem = {"fp32": 4, "bf16": 2, "int8": 1}[cfg.pipeline.tied_sync_dtype]
         rows = min(tokens // replicas, s.vocab)
@@ -189,7 +204,10 @@ def _stage_sdp(cfg: Config, t: Traffic, p: int, replicas: int, stage_params: lis
 
     plans = stage_plans(meta_model(cfg), p, replicas, cfg.pipeline.sdp_keep, seed=cfg.train.seed)
     for i, plan in enumerate(plans):
+        per_set: dict[tuple[int, ...], float] = defaultdict(float)
         for c, holders in zip(plan.components, plan.holder_sets(), strict=True):
-            t.overlap.all_reduce([h * p + i for h in holders], c.elements * 4)
-        rest = stage_params[i] - blocks[i] * block_params
-        t.overlap.all_reduce([r * p + i for r in range(replicas)], rest * 4)
+            per_set[holders] += c.elements * 4
+        for holders, nbytes in per_set.items():
+            t.overlap.all_reduce([h * p + i for h in holders], nbytes, buckets(nbytes))
+        rest = (stage_params[i] - blocks[i] * block_params) * 4
+        t.overlap.all_reduce([r * p + i for r in range(replicas)], rest, buckets(rest))

@@ -188,3 +188,16 @@ def test_committed_gpu_mfu_is_the_presets_start(monkeypatch, tmp_path):
     assert c.mfu == 0.38 and any("measured" in n and "abc1234" in n for n in c.notes)
     c = resolve_cluster(ClusterConfig(preset="a100-80gb"))
     assert c.mfu == 0.35 and any("assumed" in n for n in c.notes)
+
+
+def test_latency_counts_each_ring_step():
+    """A ring all-reduce over k ranks waits on 2 (k - 1) messages a rank, an all-gather on k - 1: DDP's one bucket
+    on 4 ranks adds 6 latencies; FSDP2 on the tiny LLaMA (4 blocks + the root: 5 units) 5 x 3 gathers in forward,
+    4 x 3 in backward and 5 x 3 reduce-scatters (NCCL)."""
+    cl = _cluster(latency_us=100.0)
+    t = workload(_cfg("--parallel.mode", "ddp"), cl).traffic
+    assert set(t.overlap.hops.values()) == {6}
+    bandwidth = max(t.overlap.intra_max * 8 / (cl.intra_gbps * 1e9), t.overlap.inter_max * 8 / (cl.inter_gbps * 1e9))
+    assert t.overlap.seconds() == pytest.approx(bandwidth + 6 * 100e-6)
+    t = workload(_cfg("--parallel.mode", "fsdp"), cl).traffic
+    assert set(t.gather.hops.values()) == {15} and set(t.overlap.hops.values()) == {12 + 15}
