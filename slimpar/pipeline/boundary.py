@@ -39,8 +39,8 @@ from slimpar.codecs.codebook_sync import (
 from slimpar.codecs.packing import bits_for, ids_to_payload, pack_indices, packed_nbytes, payload_to_ids, unpack_indices
 from slimpar.codecs.projector import StiefelProjector
 from slimpar.codecs.rvq import ResidualVQ
-from slimpar.pipeline.spec import CodecSpec, StageContext
-from slimpar.pipeline.wire import Message, Packet, WireSpec
+from slimpar.pipeline.spec import WHOLE_BATCH, CodecSpec, StageContext
+from slimpar.pipeline.wire import Message, Packet, WireSpec, split_batch, split_packets
 
 # a codebook change where the sender's schedule has none: the two ends' rvq settings or microbatches differ
 _UNEXPECTED = ("a codebook header between two steps' first microbatches was not 'none' at the version held: the "
@@ -133,34 +133,43 @@ class BoundaryEncoder(_Half):
         self.messages = 0  # training messages sent: paces the full codebook pushes
 
     def forward(self, h: Tensor) -> Tensor:
-        """h (mb, T, d) -> out (mb, T, w); the wire message goes to ``outbox[context.microbatch]``."""
+        """h (mb, T, d) -> out (mb, T, w); the wire message goes to ``outbox[context.microbatch]``.
+
+        For the whole batch of a one-pass step (``context.microbatch`` is ``WHOLE_BATCH``, h (b, T, d)), the
+        messages of its M microbatches go to ``outbox[0..M−1]``, each what the microbatch's forward would send."""
+        whole = self.context.microbatch == WHOLE_BATCH
+        parts = self.context.microbatches if whole else 1
         ids = self.context.current_ids() if self.spec.needs_ids else None
         x = h - self.anchor(ids) if self.anchor is not None else h
         x = self.projector.down(x) if self.projector is not None else x  # (mb, T, w)
-        out, msg = self._encode(x)
+        out, msgs = self._encode(x, parts)
         if self.spec.sends_ids:
-            msg.fixed.append(Packet("ids", _ids_to_wire(ids, self.spec.ids_dtype)))
-        self.outbox[self.context.microbatch] = msg
+            for msg, part in zip(msgs, split_batch(_ids_to_wire(ids, self.spec.ids_dtype), parts), strict=True):
+                msg.fixed.append(Packet("ids", part))
+        for m, msg in zip(range(parts) if whole else [self.context.microbatch], msgs, strict=True):
+            self.outbox[m] = msg
         return out
 
-    def _encode(self, x: Tensor) -> tuple[Tensor, Message]:
+    def _encode(self, x: Tensor, parts: int) -> tuple[Tensor, list[Message]]:
         if self.rvq is not None:
-            return self._quantize(x)
+            return self._quantize(x, parts)
         out, packets = self.spec.codec.cast.encode(x)
-        return out, Message(packets)
+        return out, [Message(p) for p in split_packets(packets, parts)]
 
-    def _quantize(self, c: Tensor) -> tuple[Tensor, Message]:
-        q, idx, commit = self.rvq(c)  # (mb, T, r), (mb, T, Q), scalar
-        msg = Message([Packet("payload", pack_indices(idx, bits_for(self.spec.rvq.codebook), check=False))])
+    def _quantize(self, c: Tensor, parts: int) -> tuple[Tensor, list[Message]]:
+        q, idx, commit = self.rvq(c, windows=parts)  # (mb, T, r), (mb, T, Q), scalar
+        bits = bits_for(self.spec.rvq.codebook)
+        msgs = [Message([Packet("payload", pack_indices(i, bits, check=False))]) for i in split_batch(idx, parts)]
         if self.training:
-            sync = self.codebook.message(self.messages)
-            self.messages += 1
-            header, *tail = sync.to_tensors()
-            msg.fixed.append(Packet("codebook", header.to(c.device)))
-            msg.extra = [Packet("codebook", t) for t in tail]
+            for msg in msgs:  # a message per forward: the first of a step may bring rows, the others are "none"
+                sync = self.codebook.message(self.messages)
+                self.messages += 1
+                header, *tail = sync.to_tensors()
+                msg.fixed.append(Packet("codebook", header.to(c.device)))
+                msg.extra = [Packet("codebook", t) for t in tail]
             if self.spec.rvq.commitment > 0 and torch.is_grad_enabled():
                 q = inject_loss(q, commit)
-        return q, msg
+        return q, msgs
 
     def decode_grad(self, tensors: list[Tensor]) -> Tensor:
         return grad_decode(self.spec, tensors)
