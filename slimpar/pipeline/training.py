@@ -46,6 +46,10 @@ class MaplTrainingSpec:
     min_lr_ratio: float = 0.1  # SPEL's cosine ends at spel_lr × this
     freeze_after: int = 0  # A is updated in steps 0..N−1 only; 0 = never frozen
     clip: str = "global"  # global | separate | none: how A's gradient enters gradient clipping
+    # SPEL steps A's copies of one shape as one batch (optim.spel.spel_steps): fewer launches, the same update to
+    # rounding. Only where every copy of each A is stepped here (one process holds the whole pipeline): two ranks
+    # batching different sets could part by rounding
+    batch_spel: bool = False
 
     def __post_init__(self) -> None:
         if self.spel_schedule not in SPEL_SCHEDULES:
@@ -63,7 +67,7 @@ def build_optimizer(module: nn.Module, params: list[nn.Parameter], spec: MaplTra
     skip = {id(p) for p in stiefel}
     rest = [p for p in params if id(p) not in skip]
     groups = [{"params": stiefel, "manifold": "stiefel", "lr": spec.spel_lr, "momentum": spec.spel_momentum,
-               "backend": spec.polar},
+               "backend": spec.polar, "batched": spec.batch_spel},
               {"params": [p for p in rest if p.dim() >= 2], "weight_decay": spec.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     return SPELAdamW([g for g in groups if g["params"]], lr=spec.lr, betas=spec.betas, eps=1e-8,

@@ -33,6 +33,7 @@ from torch import Tensor
 from slimpar.pipeline.spec import WHOLE_BATCH
 from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
+from slimpar.pipeline.sync_local import exchange_local
 from slimpar.pipeline.wire import ByteCounter, LocalLink, recv_message, send_message, split_packets, wait_all
 
 
@@ -159,10 +160,9 @@ class VirtualPipeline:
         return dec.decode(fixed, extra, shape).detach()
 
     def exchange_shared_grads(self) -> None:
-        ends = [e for pair in self.syncs for e in pair]
-        if not ends:
-            return
-        run_phases(ends, "post", "finish", rows=self.stages[0].context.touched_rows())
+        """Every boundary's (and a tied weight's) gradient exchange, both ends here (sync_local.py)."""
+        if self.syncs:
+            exchange_local(self.syncs, self.stages[0].context.touched_rows())
 
     def check_shared(self) -> int:
         """Checksum every boundary's shared parameters; returns how many boundaries were resynced."""
