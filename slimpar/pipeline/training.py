@@ -128,8 +128,10 @@ def _sq_norm(params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
     whenever a rank holds no projector of its own (codecs without one, MAPL's last stage, whose A is the
     receiver's copy), and a zero made on the CPU beside device scalars fails ``torch.stack`` on a GPU (issue 46).
     """
-    norms = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
-    return torch.stack(norms).double().pow(2).sum() if norms else torch.zeros((), dtype=torch.float64, device=device)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return torch.stack(torch._foreach_norm(grads)).double().pow(2).sum()  # one launch for every gradient's norm
 
 
 def _scale(params: list[nn.Parameter], coef: Tensor) -> None:

@@ -146,12 +146,11 @@ class VirtualPipeline:
 
     def receive_whole(self, boundary: int, shape: tuple[int, int], parts: int) -> Tensor:
         """Decode boundary ``boundary``'s next ``parts`` messages ((mb, T) each) into one detached (b, T, w) tensor."""
-        context = self.stages[boundary + 1].context
-        chunks = []
+        dec, messages = self.stages[boundary + 1].decoder, []
         for m in range(parts):
-            context.microbatch = m  # the decoder reads the microbatch's header and ids as the schedule's would
-            chunks.append(self.receive(boundary, shape))
-        return torch.cat(chunks) if parts > 1 else chunks[0]
+            dec.context.microbatch = m  # the decoder reads the microbatch's header and ids as the schedule's would
+            messages.append(recv_message(self.links[boundary][1], dec, shape))
+        return dec.decode_parts(messages, shape).detach()
 
     def receive(self, boundary: int, shape: tuple[int, int]) -> Tensor:
         """Decode boundary ``boundary``'s next message into a detached (mb, T, w) tensor."""

@@ -205,7 +205,8 @@ class LocalLink(Link):
 
     def isend(self, packets: list[Packet], tag: int) -> list:
         self.count(packets)
-        self.out.extend(p.tensor.detach().clone() for p in packets)  # a copy: the wire does not alias
+        self.out.extend((p.tensor.detach() if p.tensor.requires_grad else p.tensor).clone()  # the wire does not alias
+                        for p in packets)
         return []
 
     def irecv(self, specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:
