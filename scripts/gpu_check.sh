@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The prepared device check: `slimpar bench gpu` on one GPU, at most 4 minutes by its rows' own time limits
-# (slimpar/bench/gpu_check.py lists them: NCCL under torchrun with a DCP resume, virtual and batched SDP, 4 ranks
+# (benchmarks/gpu_check.py lists them: NCCL under torchrun with a DCP resume, virtual and batched SDP, 4 ranks
 # on one GPU over cuda:gloo, the virtual pipeline with MAPL + RVQ and SSN in bf16, torch.compile with inductor,
 # CUDA peak memory at 134M against `slimpar plan --memory`, SPEL with TF32 on). A row that fails is recorded and
 # the next one runs; results.json is rewritten after every row.

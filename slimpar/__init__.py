@@ -8,8 +8,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# The libraries a user reaches as ``slimpar.NAME`` after a plain ``import slimpar`` (the trainer, the benchmarks
-# and the commands are the application, imported by the command line, not by users).
+# The libraries a user reaches as ``slimpar.NAME`` after a plain ``import slimpar`` (the trainer and the commands
+# are the application, imported by the command line, not by users; the benchmarks live outside the package).
 _SUBPACKAGES = ("codecs", "data", "hybrid", "integrations", "models", "optim", "parallel", "pipeline", "sdp")
 
 __all__ = ["SubnetworkDataParallel", "__version__", *_SUBPACKAGES]

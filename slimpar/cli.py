@@ -17,8 +17,8 @@ from pathlib import Path
 from slimpar import __version__, torch_range
 from slimpar.cli_help import config_help
 from slimpar.config import DEFAULT_CONFIG, Config, ConfigError
+from slimpar.train.job.preempt import EXIT_CODE, RESUME_ENV, STOP_SIGNALS, Preempted, closing_line
 from slimpar.train.launch.failure import debugging, internal_error
-from slimpar.train.launch.preempt import EXIT_CODE, RESUME_ENV, STOP_SIGNALS, Preempted, closing_line
 
 
 class _Default(str):
@@ -66,7 +66,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
     if args.max_restarts is not None:
         extra += ["--parallel.max_restarts", str(args.max_restarts)]
     cfg = load_config(config, rest + extra)  # the flags win over the same keys given as overrides
-    from slimpar.train.launch.elastic import join_torchrun
+    from slimpar.train.job.elastic import join_torchrun
 
     cfg = join_torchrun(cfg)
     from slimpar.train.validate.device import resolve_device, start_line
@@ -111,7 +111,7 @@ def _train(args: argparse.Namespace, rest: list[str]) -> int:
 def _resume_command(argv: list[str], out: Path, given: bool) -> str:
     """The command that continues this run: the same one without ``--fresh`` (and with ``--out`` when the
     folder was not named: a changed working directory or config still finds it)."""
-    from slimpar.train.launch.elastic import under_torchrun
+    from slimpar.train.job.elastic import under_torchrun
 
     words = [w for w in argv if w != "--fresh"]
     line = shlex.join(["slimpar", *words, *([] if given else ["--out", str(out)])])
@@ -201,6 +201,12 @@ def _sample(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _plan(args: argparse.Namespace, rest: list[str]) -> int:
+    if args.fit:
+        if args.memory or args.ranks:
+            raise ConfigError("plan --fit scores every candidate itself: leave out --memory and --ranks")
+        from slimpar.commands.plan_fit import fit_command
+
+        return fit_command(args, rest)
     if args.memory:
         from slimpar.commands.plan_memory import memory_command
 
@@ -211,9 +217,9 @@ def _plan(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
-    from slimpar.bench.cli import bench_command
+    from slimpar.cli_bench import load_benchmarks_cli  # the checkout's benchmarks/, found by path
 
-    return bench_command(args, rest)
+    return load_benchmarks_cli().bench_command(args, rest)
 
 
 def _help_config(argv: list[str]) -> tuple[Config | None, str]:
@@ -301,10 +307,16 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                          "without allocating it (docs/memory.md)")
     pl.add_argument("--ranks", default=None, metavar="R,R",
                     help="with --memory: only these workers (default: all)")
+    pl.add_argument("--fit", action="store_true",
+                    help="rank DDP, FSDP2, SDP, pipelines and the hybrid for the config's model on a cluster "
+                         "(--cluster.preset h100|h200|a100-80gb|l4|this, --cluster.nodes, --cluster.gpus_per_node, "
+                         "--cluster.gpu_memory, --cluster.intra_gbps, --cluster.inter_gbps, --cluster.tflops, "
+                         "--cluster.mfu; --fit.objective time|time_at_quality|memory, --fit.max_gap, --fit.tokens, "
+                         "--fit.jobs, --fit.candidates): memory, bytes, step time and loss gap (docs/planning.md)")
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
     b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock", "memory", "readme", "gpu",
-                                         "modes", "throughput"],
+                                         "modes", "throughput", "fit"],
                    help="readme: write the measured blocks of README.md and docs/results from the committed results "
                         "(no --out)")
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
@@ -317,7 +329,7 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     b.add_argument("--rows", default="", help="comma-separated groups, rows (name or group/name) or runs "
                    "(group/name/sSEED); default: every row, except for quality: its core set (lr-sweep, tuned, "
                    "sdp-lr-sweep, sdp-tuned), the other groups (one-rate, length, width, unseen-config, ...: "
-                   "bench/quality/rows.py) run when named; finished runs are reused")
+                   "benchmarks/quality/rows.py) run when named; finished runs are reused")
     b.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="mapl: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling); gpu: "
                         "the device check's (default cuda where one is present; cpu runs its rows on gloo)")
@@ -359,13 +371,13 @@ def main(argv: list[str] | None = None) -> int:
         argv = [a for a in argv if a != "--debug"]
         os.environ["SLIMPAR_DEBUG"] = "1"
     try:
-        if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker ends with its agent (train/launch/parent.py)
-            from slimpar.train.launch.parent import die_with_parent
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker ends with its agent (train/job/parent.py)
+            from slimpar.train.job.parent import die_with_parent
 
             die_with_parent()
         if threading.current_thread() is threading.main_thread():  # after __main__.py's start-up handler
             signal.signal(signal.SIGINT, _on_ctrl_c)
-            for sig in STOP_SIGNALS:  # until a run's own handler takes over (train/launch/preempt.py)
+            for sig in STOP_SIGNALS:  # until a run's own handler takes over (train/job/preempt.py)
                 signal.signal(sig, _on_stop_signal)
         if "--version" not in argv:  # --version reports an unsupported torch instead of refusing it
             torch_range.check_torch()

@@ -35,7 +35,7 @@ class CodecDefaults:
     anchor_form: str = "receiver"  # no anchor table crosses the boundary, and it measured at or below symmetric
     anchor_init: str = "embedding"
     ids: str = "local"  # every stage reads its own batch: no 2 bytes per token on the wire
-    projector_init: str = "auto"  # pca for MAPL with r < d (pipeline.spec.resolve_projector_init)
+    projector_init: str = "auto"  # pca for MAPL with r < d, the run's final r (pipeline.spec.resolve_projector_init)
     rvq: RVQDefaults = field(default_factory=RVQDefaults)
 
 

@@ -180,6 +180,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
+def apply_overrides(obj: Any, overrides: list[str]) -> Any:
+    """Apply ``--section.key value`` overrides to any tree of dataclasses ``obj`` (in place; returns it), type-checked
+    and with unknown keys named, as the run config's are."""
+    _apply(obj, parse_overrides(overrides), "")
+    return obj
+
+
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """A copy of ``cfg`` with ``--section.key value`` overrides applied, type-checked as ``load_config``'s."""
+    out = from_dict(to_dict(cfg))
+    _apply(out, parse_overrides(overrides), "")
+    return out
+
+
 def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 

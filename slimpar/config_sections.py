@@ -134,7 +134,10 @@ class PipelineConfig:
     stages: int = 2  # pipeline stages P
     schedule: str = "1f1b"  # gpipe | 1f1b
     microbatches: int = 4  # micro-batches per step; must divide the per-replica batch
-    codec: str = "none"  # none | bf16 | int8 | mapl | ssn | naive
+    codec: str = "none"  # none | bf16 | int8 | mapl | ssn | naive, or a codec registered with register_codec
+    # the codec's own settings, declared (typed, with defaults) by its kind in slimpar/pipeline/codec_registry.py;
+    # the built-in codecs take none, their settings are the fields below
+    codec_options: str = ""  # key=value pairs, comma-separated (e.g. k=32 for a top-k codec); "" = the defaults
     rank: int = 0  # projector rank r; 0 = d / compression
     compression: int = 4  # d / r when rank is 0 (compression_of = payload), or 1/K of none's bytes (total)
     # total: r is the largest whose steady-state bytes per step (payload, ids, A's and anchors' gradient parts,

@@ -98,7 +98,7 @@ def single_process_context():
     """The RunContext of a one-process run in the current folder (no process group)."""
     import torch
 
-    from slimpar.train.launch.context import RunContext
+    from slimpar.train.job.context import RunContext
 
     return RunContext(0, 1, torch.device("cpu"), Path("."), None)
 

@@ -97,17 +97,17 @@ def run_on_standin(cfg, rank: int, out: Path, steps: int = 2) -> dict:
     from slimpar.train.memory.predict_pipeline import value_stand_ins
 
     with standin_accelerator(rank, cfg.parallel.workers) as device:
-        trainer = standin_trainer(cfg, rank, device, out)
-        s = trainer.strategy
-        with value_stand_ins(cfg, trainer.data.vocab_size):  # a pipeline's value-dependent sizes
+        run = standin_trainer(cfg, rank, device, out)
+        s = run.strategy
+        with value_stand_ins(cfg, run.data.vocab_size):  # a pipeline's value-dependent sizes
             for step in range(steps):
-                loss, _ = trainer._step(step)
+                loss, _ = run.run(step)
                 s.end_of_step(step)
                 s.reduce_loss(loss)
             clip = _clip_every_mode(s, cfg.train.grad_clip)
-            results = s.evaluate(trainer.data, cfg)
+            results = s.evaluate(run.data, cfg)
             s.full_state_dict()
-            _checkpoint_state(s, trainer.optimizer)
+            _checkpoint_state(s, run.optimizer)
     return {"eval": sorted(results), **({"clip": clip} if clip else {})}
 
 
@@ -132,29 +132,23 @@ def _clip_every_mode(strategy, max_norm: float) -> dict[str, str]:
 
 
 def standin_trainer(cfg, rank: int, device: torch.device, out: Path):
-    """The trainer's pieces as ``Trainer._build`` makes them (strategy, optimizer, the real guard), inside
+    """The trainer's step as ``Trainer._build`` makes it (strategy, optimizer, the real guard; train/step.py), inside
     :func:`standin_accelerator`, without its writer, sinks or run files."""
-    from slimpar.train.build import build_model, total_steps
+    from slimpar.train.build import build_model
     from slimpar.train.guard import StepGuard
-    from slimpar.train.launch.context import RunContext
-    from slimpar.train.launch.elastic import SampleLog
-    from slimpar.train.launch.preempt import STOP_SIGNALS, StopRequest
+    from slimpar.train.job.context import RunContext
+    from slimpar.train.job.preempt import STOP_SIGNALS
+    from slimpar.train.step import TrainStep
     from slimpar.train.strategies import build_strategy
-    from slimpar.train.trainer import Trainer
 
     ctx = RunContext(rank=rank, world=cfg.parallel.workers, device=device, out_dir=out, group=dist.group.WORLD,
                      timeout=timedelta(seconds=cfg.parallel.timeout_s))
-    trainer = Trainer.__new__(Trainer)
-    trainer.cfg, trainer.ctx, trainer.data = cfg, ctx, StandInText(cfg.model.vocab_size or cfg.data.vocab_size)
-    trainer.strategy = build_strategy(cfg, build_model(cfg, trainer.data), ctx)  # on the CPU; the strategy moves it
-    _ddp_on_fake_backend(trainer.strategy)
-    trainer.optimizer = trainer.strategy.build_optimizer(cfg)
-    trainer.base_lrs = [g["lr"] for g in trainer.optimizer.param_groups]
-    trainer.total = total_steps(cfg)
-    trainer.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, rank, STOP_SIGNALS)
-    trainer.stop = StopRequest.inactive()  # as Trainer.__init__ makes it without a worker's stop request
-    trainer.samples = SampleLog(False, ctx.group)
-    return trainer
+    data = StandInText(cfg.model.vocab_size or cfg.data.vocab_size)
+    strategy = build_strategy(cfg, build_model(cfg, data), ctx)  # on the CPU; the strategy moves it
+    _ddp_on_fake_backend(strategy)
+    guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, rank, STOP_SIGNALS)
+    # an inactive stop request, as Trainer.__init__ makes it without a worker's
+    return TrainStep(cfg, ctx, data, strategy, strategy.build_optimizer(cfg), guard)
 
 
 def _ddp_on_fake_backend(strategy) -> None:

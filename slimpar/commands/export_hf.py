@@ -23,7 +23,7 @@ from slimpar.train.build import llama_config
 from slimpar.train.checkpoint.export import load_safetensors, verify_export
 from slimpar.train.checkpoint.init_from import check_init_from
 from slimpar.train.checkpoint.manifest import MANIFEST, write_manifest
-from slimpar.train.launch.run_files import TOKENIZER_FILE
+from slimpar.train.job.run_files import TOKENIZER_FILE
 from slimpar.utils import chmod_as_created
 
 CODECS_FILE = "codecs.safetensors"

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from slimpar.config import Config, ConfigError, load_config
-from slimpar.train.launch.run_files import TOKENIZER_FILE
+from slimpar.train.job.run_files import TOKENIZER_FILE
 
 CODEC_PREFIX = "codecs."  # a pipeline run's export keeps its boundary codecs' state beside the model's
 

@@ -83,14 +83,15 @@ def steady_bytes(spec: CodecSpec, shape: StepShape) -> dict[str, float]:
     """{"fwd": bytes, "bwd": bytes} boundary ``spec`` sends per steady-state training step (see module doc)."""
     mb = (shape.rows, shape.seq_len)
     m = shape.microbatches
+    wire = spec.codec.wire_bytes(mb, spec.width)  # the payload per microbatch each way, as the kind declares it
     if spec.rvq is not None:
         payload = packed_nbytes(shape.rows * shape.seq_len * spec.rvq.levels, bits_for(spec.rvq.codebook))
         fwd = m * payload + _codebook_bytes(spec, shape)
     else:
-        fwd = m * _nbytes(spec.codec.cast.specs(mb, spec.width))
+        fwd = m * wire["fwd"]
     if spec.sends_ids:
         fwd += m * _nbytes([WireSpec("ids", mb, spec.ids_dtype)])
-    bwd = float(m * _nbytes(spec.codec.cast.specs(mb, spec.width)))
+    bwd = float(m * wire["bwd"])
     shared = _shared_params(spec, shape.tokens)
     sync = sum(_nbytes(part_specs(s, shape.sync_dtype, "sync")) for s in shared)
     checks = 8 * len(shared) / shape.checksum_every if shape.checksum_every and shared else 0.0

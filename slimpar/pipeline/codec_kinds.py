@@ -12,19 +12,30 @@ the rest, and every place that used to switch on the name reads it from here:
   ssn     FixedSubspace (frozen U)        fp32                               fixed token table, model in span(U)
   naive   NaiveProjector (learned pair)   fp32
 
-A new codec is one ``CodecKind`` entry (and, if it casts differently, one ``WireCast``).
+Each row is a ``CodecKind`` registered in ``codec_registry.CODEC_KINDS``, which declares everything a codec is:
+its projector, its cast, its traits, its own typed settings (``pipeline.codec_options``), their check and its bytes
+per token. A new codec is its math in one module of slimpar/codecs/ (as quant.py is int8's) and one entry below
+(its cast over that math, its settings and its ``CodecKind``); a codec of a user's own registers the same way
+from outside slimpar (docs/pipeline.md, "Adding a codec").
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from slimpar.codecs.projector import FixedSubspace, NaiveProjector, StiefelProjector
 from slimpar.codecs.quant import Int8Codec, Int8Payload, fake_bf16, straight_through
+from slimpar.pipeline.codec_registry import (  # noqa: F401 - the registry's names are this table's too
+    CODEC_KINDS,
+    CodecKind,
+    ProjectorBuilder,
+    codec_kind,
+    codec_settings,
+    names,
+    register_codec,
+    unregister_codec,
+)
 from slimpar.pipeline.wire import Packet, WireSpec
 
 
@@ -80,11 +91,6 @@ class Int8Cast(WireCast):
         return Int8Codec().decode(Int8Payload(tensors[0], tensors[1]))
 
 
-# (d, r, seed, boundary, identity start, role, SSN's fixed basis U or None) -> the projector of one end;
-# both ends build it from the same numbers, so seed-derived starts match without a message
-ProjectorBuilder = Callable[[int, int, int, int, bool, str, "Tensor | None"], nn.Module]
-
-
 def _stiefel(d: int, r: int, seed: int, boundary: int, identity: bool, role: str, basis: Tensor | None) -> nn.Module:
     return StiefelProjector(d, r, seed, boundary, identity, role)
 
@@ -97,39 +103,14 @@ def _fixed(d: int, r: int, seed: int, boundary: int, identity: bool, role: str, 
     return FixedSubspace(basis)
 
 
-@dataclass(frozen=True)
-class CodecKind:
-    name: str  # the ``pipeline.codec`` / ``CodecSpec.kind`` value
-    cast: WireCast  # how the float tensor crosses, forward and backward
-    projector: ProjectorBuilder | None = None  # d -> r per token; None: all d numbers cross
-    learned: bool = False  # a learned projector: anchors may take the token part of the stream off it
-    stiefel: bool = False  # the projector is MAPL's A ∈ St(d, r): SPEL steps it, the PCA start can start it
-    token_table: bool = False  # SSN: a fixed token table is the anchor, the model is reparametrised into span(U)
-
-    @property
-    def projects(self) -> bool:
-        return self.projector is not None
-
-
 FP32, BF16, INT8 = WireCast(), Bf16Cast(), Int8Cast()
 
-CODEC_KINDS: dict[str, CodecKind] = {k.name: k for k in (
+for _kind in (
     CodecKind("none", FP32),
     CodecKind("bf16", BF16),
     CodecKind("int8", INT8),
     CodecKind("mapl", FP32, _stiefel, learned=True, stiefel=True),
     CodecKind("ssn", FP32, _fixed, token_table=True),
     CodecKind("naive", FP32, _naive, learned=True),
-)}
-
-
-def codec_kind(name: str) -> CodecKind:
-    """The kind called ``name``; ValueError names the known ones."""
-    if name not in CODEC_KINDS:
-        raise ValueError(f"unknown codec {name!r}; choose from {', '.join(CODEC_KINDS)}")
-    return CODEC_KINDS[name]
-
-
-def names(which: Callable[[CodecKind], bool]) -> list[str]:
-    """Names of the kinds with a trait, in table order (for messages: "mapl or naive")."""
-    return [k.name for k in CODEC_KINDS.values() if which(k)]
+):
+    register_codec(_kind)

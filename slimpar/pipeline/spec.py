@@ -14,8 +14,9 @@ module never reads a run config.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,10 +26,7 @@ from slimpar.codecs.anchors import rows_for
 from slimpar.codecs.packing import UINT16_LIMIT
 from slimpar.parallel.device import to_device
 from slimpar.parallel.syncs import host_only
-from slimpar.pipeline.codec_kinds import CODEC_KINDS, CodecKind, codec_kind
-
-CODECS = tuple(CODEC_KINDS)
-PROJECTOR_CODECS = tuple(k for k, c in CODEC_KINDS.items() if c.projects)  # codecs that map d -> r numbers per token
+from slimpar.pipeline.codec_kinds import CodecKind, codec_kind, codec_settings
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ class CodecSpec:
     (no anchors, ids on the wire, a random start), which that study measured behind it.
     """
 
-    kind: str  # none | bf16 | int8 | mapl | ssn | naive
+    kind: str  # none | bf16 | int8 | mapl | ssn | naive, or a registered kind (codec_registry.register_codec)
     boundary: int  # p: between stage p and stage p + 1
     dim: int  # d, the residual width
     rank: int  # r, the projected width (d for the non-projecting codecs)
@@ -68,9 +66,12 @@ class CodecSpec:
     # where A starts: random (seed-derived; the identity at r = d) | pca, which the caller carries out with
     # pipeline.pca.calibrate_stage before step 0 (it needs training batches, so building a stage cannot do it)
     projector_init: str = "random"
+    # the kind's own settings (its ``CodecKind.settings`` dataclass; None: its defaults, or a kind without any)
+    settings: Any = None
 
     def __post_init__(self) -> None:
-        codec_kind(self.kind)  # an unknown name fails here, not as a silent uncompressed boundary
+        # an unknown name fails here, not as a silent uncompressed boundary; so do settings the kind refuses
+        object.__setattr__(self, "settings", codec_settings(self.kind, self.settings or "", self.dim))
 
     @classmethod
     def mapl(cls, dim: int, compression: int, *, vocab: int, boundary: int = 0, seed: int = 0, rvq_levels: int = 0,
@@ -87,12 +88,12 @@ class CodecSpec:
 
     @property
     def codec(self) -> CodecKind:
-        """What ``kind`` means: projector, wire cast and traits (codec_kinds.py)."""
-        return CODEC_KINDS[self.kind]
+        """What ``kind`` means: projector, wire cast (built from ``settings``) and traits (codec_registry.py)."""
+        return codec_kind(self.kind).configured(self.settings, self.width)
 
     @property
     def projected(self) -> bool:
-        return self.codec.projects
+        return codec_kind(self.kind).projects
 
     @property
     def width(self) -> int:
@@ -151,25 +152,12 @@ def resolve_anchors(codec: str, anchors: str) -> str:
     return "factorized" if codec_kind(codec).stiefel else "none"
 
 
-class ProjectorChoice(Protocol):
-    """What decides where A starts (the run config's ``[pipeline]`` section is one)."""
-
-    codec: str  # the codec kind's name
-    rank: int  # r; 0 = d / compression
-    compression: int  # d / r when rank is 0
-    projector_init: str  # auto | random | pca
-
-
-def resolve_projector_init(choice: ProjectorChoice, d: int) -> str:
+def resolve_projector_init(codec: str, d: int, r: int, projector_init: str) -> str:
     """``projector_init`` with ``auto`` resolved: ``pca`` for a Stiefel projector (MAPL) with r < d, else ``random``.
 
     PCA is the default because it won in ``slimpar bench quality`` (MAPL 4x, d = 128, 2,000 steps, 3 seeds;
-    docs/results/quality); at r = d the random start is the identity, so a full-rank codec stays exact."""
-    r = resolve_rank(choice.codec, d, choice.rank, choice.compression)
-    return _projector_start(choice.codec, d, r, choice.projector_init)
-
-
-def _projector_start(codec: str, d: int, r: int, projector_init: str) -> str:
+    docs/results/quality); at r = d the random start is the identity, so a full-rank codec stays exact. ``r`` is
+    the boundary's final rank: the trainer resolves its spec once r is decided (pipeline_specs.codec_specs)."""
     if projector_init != "auto":
         return projector_init
     return "pca" if codec_kind(codec).stiefel and r < d else "random"
@@ -182,18 +170,20 @@ def resolve_spec(codec: str, *, dim: int, vocab: int, seed: int, boundary: int =
                  compression: int = 1, anchors: str = _D.anchors, anchor_dim: int = _D.anchor_dim,
                  anchor_form: str = _D.anchor_form, anchor_init: str = _D.anchor_init, ids: str = _D.ids,
                  projector_init: str = _D.projector_init, rvq: RVQSpec | None = None,
-                 microbatches: int = 1) -> CodecSpec:
+                 microbatches: int = 1, options: str | Mapping[str, Any] = "") -> CodecSpec:
     """The spec of one boundary from choices in the ``[pipeline]`` section's terms (``auto``, ``ids`` local | send),
     resolved here for the trainer and the library alike; the keywords default to ``CODEC_DEFAULTS``.
 
-    ``rank`` 0 means dim / compression (the trainer may then refit r to a byte budget: pipeline/budget.py)."""
+    ``rank`` 0 means dim / compression (the trainer may then refit r to a byte budget: pipeline/budget.py);
+    ``options`` are the kind's own settings (``pipeline.codec_options``: "k=32", or a mapping)."""
     if ids not in ("local", "send"):  # anything else would silently read ids locally
         raise ValueError(f"ids = {ids!r} is not one of: local, send")
     r = resolve_rank(codec, dim, rank, compression)
     return CodecSpec(kind=codec, boundary=boundary, dim=dim, rank=r, vocab=vocab, seed=seed,
                      anchors=resolve_anchors(codec, anchors), anchor_dim=anchor_dim, anchor_form=anchor_form,
                      anchor_init=anchor_init, ids_on_wire=ids == "send", rvq=rvq, microbatches=microbatches,
-                     projector_init=_projector_start(codec, dim, r, projector_init))
+                     projector_init=resolve_projector_init(codec, dim, r, projector_init),
+                     settings=codec_settings(codec, options, dim))
 
 
 WHOLE_BATCH = -1  # ``StageContext.microbatch`` of a one-pass step: every microbatch of the step at once

@@ -7,7 +7,7 @@ all-reduce over the run's group before the optimizer step, of a float64 vector o
 (NCCL reduces CUDA tensors only: slimpar.parallel.device). The same vector carries, summed: the ranks'
 losses and how many ranks have one (the logged mean loss, without a collective of its own) and which stop
 signal each rank received (one count per signal of ``stop_signals``: every rank stops after the same step,
-slimpar.train.launch.preempt). One read of the reduced vector, with this rank's loss and norm beside it, is
+slimpar.train.job.preempt). One read of the reduced vector, with this rank's loss and norm beside it, is
 the step's one host sync: the loss, the norm and the finiteness checks stay on the device until then.
 That collective is kept out of the measured step's byte accounting: it is the guard's, not the method's.
 """

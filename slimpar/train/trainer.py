@@ -7,7 +7,6 @@ other steps are timed without instrumentation.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 
@@ -15,22 +14,17 @@ import torch
 import torch.distributed as dist
 
 from slimpar.config import Config, to_dict
-from slimpar.data.shares import batch_share
-from slimpar.parallel.comm import StepInstrument
 from slimpar.parallel.compile import CompileWatch, merge_watches
-from slimpar.parallel.device import to_device
 from slimpar.train.build import build_data, build_model, eval_every, final_eval_config, lr_at, total_steps
 from slimpar.train.checkpoint.dcp import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from slimpar.train.checkpoint.export import export_safetensors
 from slimpar.train.checkpoint.init_from import check_init_from
 from slimpar.train.checkpoint.layout import checkpoint_layout
 from slimpar.train.guard import StepGuard, check_export
-from slimpar.train.launch.context import RunContext
-from slimpar.train.launch.elastic import SampleLog, membership_changes, record_membership
-from slimpar.train.launch.preempt import STOP_SIGNALS, StopRequest
-from slimpar.train.launch.run_files import record_run_files
-from slimpar.train.memory import accounting as memory
-from slimpar.train.memory.measured import measured_step
+from slimpar.train.job.context import RunContext
+from slimpar.train.job.elastic import SampleLog, membership_changes, record_membership
+from slimpar.train.job.preempt import STOP_SIGNALS, StopRequest
+from slimpar.train.job.run_files import record_run_files
 from slimpar.train.sinks.metrics import (
     MetricsWriter,
     git_commit,
@@ -43,13 +37,14 @@ from slimpar.train.sinks.metrics import (
 from slimpar.train.sinks.progress import TrainProgress
 from slimpar.train.sinks.trackers import build_sinks
 from slimpar.train.speed import speed_fields
+from slimpar.train.step import TrainStep
 from slimpar.train.strategies import build_strategy
 
 
 class Trainer:
     def __init__(self, cfg: Config, ctx: RunContext, stop: StopRequest | None = None):
         self.cfg, self.ctx = cfg, ctx
-        self.stop = stop or StopRequest.inactive()  # SIGTERM / SIGUSR1 in a worker (slimpar.train.launch.preempt)
+        self.stop = stop or StopRequest.inactive()  # SIGTERM / SIGUSR1 in a worker (slimpar.train.job.preempt)
         self.writer = MetricsWriter(ctx.out_dir, enabled=ctx.is_main)
         self.sinks = build_sinks(cfg, ctx.out_dir) if ctx.is_main else []  # trackers: log.tensorboard, log.mlflow
         self.step_times: list[float] = []
@@ -70,10 +65,13 @@ class Trainer:
         model = build_model(cfg, self.data)
         self.strategy = build_strategy(cfg, model, ctx)
         self.optimizer = self.strategy.build_optimizer(cfg)  # AdamW; pipelines add SPEL for Stiefel projectors
-        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]  # before a resume overwrites them
         self.total = total_steps(cfg)
         self.eval_every = eval_every(cfg, self.total)
         self.guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, ctx.rank, STOP_SIGNALS)
+        self.samples = SampleLog(cfg.log.samples, ctx.group)
+        # the groups' base rates are read here, before a resume overwrites them
+        self.steps = TrainStep(cfg, ctx, self.data, self.strategy, self.optimizer, self.guard, self.stop,
+                               self.samples)
         self.start, self.resumed_from = 0, None
         if cfg.checkpoint.resume:  # auto: the newest complete checkpoint, if any (--fresh: none)
             path = latest_checkpoint(ctx.out_dir)
@@ -84,65 +82,6 @@ class Trainer:
                 if ctx.is_main:
                     print(f"resuming from step {self.start}, checkpoint {path}", flush=True)
         self.writer.truncate(self.start)  # the steps after the checkpoint are redone: each step is logged once
-        self.samples = SampleLog(cfg.log.samples, ctx.group)
-
-    # ------------------------------------------------------------------ step
-    def _batch(self, step: int, micro: int):
-        cfg, ctx, s = self.cfg, self.ctx, self.strategy
-        acc = cfg.train.grad_accum
-        self.samples.note(step, s.dp_rank, batch_share(step, s.dp_rank * acc + micro, s.dp_world * acc,
-                                                       cfg.train.batch_size))
-        if cfg.data.kind == "text":
-            x, y = self.data.train_batch(step, s.dp_rank * acc + micro, s.dp_world * acc, cfg.train.batch_size,
-                                         cfg.data.seq_len)
-        else:
-            x, y = self.data.train_batch(step, s.dp_rank * acc + micro, s.dp_world * acc, cfg.train.batch_size)
-        if getattr(s, "host_batches", False):  # the strategy moves them (a pipeline keeps its token ids on the host)
-            return x, y
-        return to_device(x, ctx.device), to_device(y, ctx.device)
-
-    def _step(self, step: int, instrument: StepInstrument | None = None,
-              saved: memory.SavedActivations | None = None) -> tuple[float, float]:
-        scale = lr_at(step, self.cfg, self.total) / self.cfg.train.lr  # warm-up + cosine, per group's base lr
-        for g, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-            g["lr"] = base * scale
-        self.optimizer.zero_grad(set_to_none=True)
-        self.samples.step = step
-        record = saved.record if saved is not None else contextlib.nullcontext
-        loss = self.strategy.train_step(step, self._batch, record)  # device scalars: read once, by the guard
-        self.strategy.after_backward()
-        gnorm = self.strategy.clip_grad_norm(self.cfg.train.grad_clip) if self.cfg.train.grad_clip else 0.0
-        finite = self._step_is_finite(step, loss, gnorm, instrument)
-        loss, gnorm = self.guard.loss, self.guard.gnorm if self.cfg.train.grad_clip else 0.0
-        if finite:
-            self.optimizer.step()
-        else:  # a skipped step (train.skip_bad_steps): no update, and no stale gradient left behind
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.ctx.is_main:
-                print(f"warning: step {step + 1}: non-finite loss or gradient norm, update skipped "
-                      f"({len(self.guard.skipped)} of train.skip_bad_steps = {self.cfg.train.skip_bad_steps})",
-                      flush=True)
-        self.strategy.after_step()
-        return loss, gnorm
-
-    def _step_is_finite(self, step: int, loss: float, gnorm: float, instrument: StepInstrument | None) -> bool:
-        """The guard's verdict, the same on every rank (raises TrainingDiverged past the skip budget).
-
-        Without clipping no norm is computed, so this rank's gradients are checked directly; a pipeline
-        stage before the last has no loss of its own (it reports NaN), so only the last stage's counts.
-        """
-        clipped = bool(self.cfg.train.grad_clip)
-        params = () if clipped else self.strategy.parameters()
-        signal = self.stop.signum if self.stop.active else 0  # every rank learns of any rank's stop signal here
-        return self.guard.check(step, loss, gnorm if clipped else None, params, instrument, signal,
-                                self.strategy.loss_on_this_rank)
-
-    def _measured_step(self, step: int) -> tuple[float, float]:
-        """One step under exact accounting of memory and communication (train/memory/measured.py)."""
-        result, record = measured_step(lambda inst, saved: self._step(step, inst, saved), self.strategy.model,
-                                       self.optimizer, self.ctx.device)
-        self.measured = {**record, **self.strategy.extra_metrics()}
-        return result
 
     # ------------------------------------------------------------------- run
     def run(self) -> None:
@@ -164,10 +103,10 @@ class Trainer:
         watch.start()
         for step in range(self.start, end):
             t0 = time.perf_counter()
-            if step == measure_at:
-                loss, gnorm = self._measured_step(step)
+            if step == measure_at:  # exact memory and bytes (train/step.py, train/memory/measured.py)
+                (loss, gnorm), self.measured = self.steps.measured(step)
             else:
-                loss, gnorm = self._step(step)
+                loss, gnorm = self.steps.run(step)
             if ctx.device.type == "cuda":  # the step's kernels have run, not only been queued
                 torch.cuda.synchronize(ctx.device)
             # every step's own time goes to metrics.jsonl; the instrumented one (slower) stays out of the median
@@ -195,7 +134,7 @@ class Trainer:
 
     def _stop(self, signum: int, done: int, progress) -> None:
         """Every rank agreed to stop after step ``done``: its checkpoint (unless the periodic save just wrote it),
-        the trackers flushed, then :class:`~slimpar.train.launch.preempt.Stopped` (exit 143)."""
+        the trackers flushed, then :class:`~slimpar.train.job.preempt.Stopped` (exit 143)."""
         progress.close()
         cfg, ctx = self.cfg, self.ctx
         path = checkpoint_dir(ctx.out_dir) / f"step_{done:06d}"

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from slimpar.train.launch.context import RunContext
+from slimpar.train.job.context import RunContext
 from slimpar.train.trainer import Trainer
 from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY, VIRTUAL_PIPELINE, losses, run_train, spawn_gloo

@@ -44,7 +44,7 @@ def test_compiled_blocks_run_after_the_instrumented_step(tmp_path, monkeypatch):
     import torch
 
     import slimpar.parallel.compile as compile_module
-    from slimpar.train.launch.context import RunContext
+    from slimpar.train.job.context import RunContext
     from slimpar.train.trainer import Trainer
     from slimpar.train.validate.checks import load_run_config
     from tests.helpers import TINY

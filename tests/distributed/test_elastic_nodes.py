@@ -1,4 +1,4 @@
-"""Elastic SDP on two "nodes" (``slimpar.bench.network.nodes``): ``torchrun --nnodes 1:2 --max-restarts 1`` in each of
+"""Elastic SDP on two "nodes" (``benchmarks.network.nodes``): ``torchrun --nnodes 1:2 --max-restarts 1`` in each of
 two network namespaces; node 1 (its agent and workers) is SIGKILLed after a checkpoint and the run finishes on node 0.
 In the second case node 0 starts alone and node 1 joins the running job before it is killed.
 
@@ -16,8 +16,8 @@ import shutil
 
 import pytest
 
-from slimpar.bench.network.links import list_namespaces
-from slimpar.bench.network.nodes import TwoNodes, run_elastic_two_nodes
+from benchmarks.network.links import list_namespaces
+from benchmarks.network.nodes import TwoNodes, run_elastic_two_nodes
 from tests.helpers import TINY, losses, run_train, summary
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CAP_SYS_ADMIN)")

@@ -1,4 +1,4 @@
-"""Real throttled links between network namespaces (``slimpar.bench.network.links``), and the send-side model.
+"""Real throttled links between network namespaces (``benchmarks.network.links``), and the send-side model.
 
 These tests create namespaces, a bridge and veth pairs, so they need root and iproute2 (CI runs as root on the
 same kind of machine). All traffic stays on 10.123.0.0/24 inside the namespaces the tests create; every network
@@ -11,15 +11,15 @@ import subprocess
 
 import pytest
 
-from slimpar.bench.network import links
-from slimpar.bench.network.links import (
+from benchmarks.network import links
+from benchmarks.network.links import (
     ThrottledNetwork,
     list_namespaces,
     run_in_network,
     simulated_step_time,
     tbf_params,
 )
-from slimpar.bench.network.tcp_probe import measure_tcp_throughput
+from benchmarks.network.tcp_probe import measure_tcp_throughput
 from tests.helpers import TINY
 
 RATE = 20.0  # Mbit/s: a 5 MiB transfer takes ~2 s

@@ -57,7 +57,7 @@ def test_virtual_pipeline_prediction_equals_measurement(tmp_path):
     batch's distinct ids), 2 steps, step 1 measured (step 0 is the PCA start), then the prediction of its
     one worker."""
     from slimpar.config import load_config
-    from slimpar.train.launch.context import RunContext
+    from slimpar.train.job.context import RunContext
     from slimpar.train.memory.predict import predict_memory
     from slimpar.train.trainer import Trainer
 

@@ -11,7 +11,7 @@ import torch
 from slimpar.cli import main
 from slimpar.commands.sample import load_run_llama, sample_run
 from slimpar.config import load_config, to_toml
-from slimpar.train.launch.run_files import TOKENIZER_FILE
+from slimpar.train.job.run_files import TOKENIZER_FILE
 from tests.helpers import ROOT
 
 PROMPT = "ROMEO:"

@@ -1,4 +1,4 @@
-"""Two real "nodes" on this machine (``slimpar.bench.network.nodes``): two network namespaces on one veth pair, one
+"""Two real "nodes" on this machine (``benchmarks.network.nodes``): two network namespaces on one veth pair, one
 ``torchrun --nnodes 2 --nproc_per_node 2 --rdzv_backend c10d`` per namespace, gloo bound to the veth.
 
 Both nodes share this machine's file system (like a cluster with a shared file system), so ``--out`` is one
@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-from slimpar.bench.network.links import list_namespaces
-from slimpar.bench.network.nodes import TwoNodes, run_two_nodes, torchrun_command
-from slimpar.bench.network.tcp_probe import measure_tcp_throughput
+from benchmarks.network.links import list_namespaces
+from benchmarks.network.nodes import TwoNodes, run_two_nodes, torchrun_command
+from benchmarks.network.tcp_probe import measure_tcp_throughput
 from tests.helpers import TINY, losses, run_train, summary
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CAP_SYS_ADMIN)")

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from slimpar.bench.network import wallclock
-from slimpar.bench.network.wallclock import crossover, fit_row, paper_predictions, predict
+from benchmarks.network import wallclock
+from benchmarks.network.wallclock import crossover, fit_row, paper_predictions, predict
 
 
 def synthetic(compute: float, nbytes: float, rates=(1000.0, 100.0, 10.0, 1.0)) -> list[tuple[float, float, float]]:

@@ -1,8 +1,8 @@
 """``slimpar bench modes``: one group of eager / compiled / bf16 rows per mode, and tables that divide each mode's
 compiled step time and bf16 memory by its own eager fp32 run's (checked on hand-made results)."""
 
-from slimpar.bench.modes import BF16_STEPS, MODES, VARIANTS, lines, report_markdown, rows, timed
-from slimpar.bench.timing import step_time_ratios
+from benchmarks.modes import BF16_STEPS, MODES, VARIANTS, lines, report_markdown, rows, timed
+from benchmarks.timing import step_time_ratios
 
 
 def _run(mode: str, variant: str, step: float, peak: int, act: int, loss: float, rnd: int = 0,
@@ -47,8 +47,8 @@ def test_ratios_are_per_mode_against_its_own_eager_run():
 
 def test_every_row_is_a_valid_run_config():
     """Each row's overrides pass the CLI's own validation (a virtual row needs one process; caught by a full run)."""
-    from slimpar.bench.modes import CONFIG
-    from slimpar.bench.runner import CONFIGS
+    from benchmarks.modes import CONFIG
+    from benchmarks.runner import CONFIGS
     from slimpar.train.validate.checks import load_run_config
 
     for row in rows(False, 10):

@@ -4,10 +4,10 @@ import statistics
 
 import pytest
 
-from slimpar.bench.quality import harness as quality
-from slimpar.bench.quality import report as quality_report
-from slimpar.bench.quality import rows as quality_rows
-from slimpar.bench.runner import select_rows
+from benchmarks.quality import harness as quality
+from benchmarks.quality import report as quality_report
+from benchmarks.quality import rows as quality_rows
+from benchmarks.runner import select_rows
 
 
 def _run(group, row, seed, val, wiki=None, curve=(), wall_s=None):
@@ -146,7 +146,7 @@ def _meta():
 
 def test_no_row_name_has_a_comma():
     """``--rows`` splits on commas, so a row name with one could never be selected."""
-    from slimpar.bench import mapl, sdp
+    from benchmarks import mapl, sdp
 
     names = [r.name for r in quality_rows.rows()] + [r.name for r in mapl.rows(False)]
     names += [r.name for r in sdp.llama_rows("configs/llama_small.toml", 10, (0, 1))]
@@ -168,7 +168,7 @@ def test_the_time_table_sums_the_fastest_run_times_per_group():
 
 
 def test_the_gap_during_training_is_plotted_only_where_it_was_evaluated_during_training(tmp_path):
-    from slimpar.bench.quality.plots import plots
+    from benchmarks.quality.plots import plots
 
     def curve(*vals):
         return [{"step": 250 * (i + 1), "val_loss": v, "loss": v} for i, v in enumerate(vals)]
@@ -187,7 +187,7 @@ def test_report_only_rebuilds_the_committed_report_from_results_json(tmp_path, m
     import json
     import shutil
 
-    from slimpar.bench.quality import harness as quality
+    from benchmarks.quality import harness as quality
     from tests.helpers import ROOT
 
     shutil.copy(ROOT / "docs/results/quality/results.json", tmp_path / "results.json")
@@ -204,7 +204,7 @@ def test_report_only_rebuilds_the_committed_report_from_results_json(tmp_path, m
 
 
 def _sweep_summary(tmp_path, name: str, lr: str, val: float, sweep: str = "lr-sweep") -> None:
-    from slimpar.bench.runner import Row
+    from benchmarks.runner import Row
 
     key = Row(quality_rows.sweep_name(name, lr), quality_rows.CONFIG, group=sweep).key
     folder = tmp_path / "runs" / key
@@ -262,7 +262,7 @@ def _sweep_runner(trained: list):
     """A stand-in for runner.run_row whose best rate is 1e-3 for every row; it lists the runs it trains."""
     import json
 
-    from slimpar.bench.runner import row_command
+    from benchmarks.runner import row_command
 
     def fake_run_row(row, root, timeout=0):
         folder = root / "runs" / row.key
@@ -309,8 +309,8 @@ def test_a_resumed_call_writes_the_report_once_per_phase_not_once_per_finished_r
 
 def test_the_default_set_is_the_core_set_and_one_rate_names_issue_10s_groups(tmp_path, monkeypatch):
     """No --rows: the sweeps, then (once they finish) the tuned rows; ``one-rate``: the six one-rate groups."""
-    from slimpar.bench.quality import harness as quality
-    from slimpar.bench.quality.rows import GROUPS, SWEEPS, rows
+    from benchmarks.quality import harness as quality
+    from benchmarks.quality.rows import GROUPS, SWEEPS, rows
 
     monkeypatch.setattr(quality, "plots", lambda *a, **k: None)
     pending = quality.bench_quality(tmp_path / "a", quick=False, report_only=True)["pending"]
@@ -362,7 +362,7 @@ def test_a_resumed_length_sweep_still_runs_third_seeds_after_every_rows_first_tw
     """Resumed where some rows' first two seeds at the longest length have finished (none, int8: their gaps
     spread, so a third is due) and others' have not: the third seeds still come after every first-two run (a
     resumed sweep at 911cc3a started none's and int8's third seeds before MAPL 4x's second)."""
-    from slimpar.bench.runner import Row
+    from benchmarks.runner import Row
 
     for sweep, named in (("lr-sweep", quality_rows.TUNED), ("sdp-lr-sweep", quality_rows.SDP_TUNED)):
         for name in named:

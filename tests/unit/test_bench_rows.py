@@ -2,7 +2,7 @@
 
 import pytest
 
-from slimpar.bench.network.wallclock import bench_wallclock
+from benchmarks.network.wallclock import bench_wallclock
 from slimpar.cli import main
 from slimpar.config import ConfigError
 

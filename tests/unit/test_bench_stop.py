@@ -23,7 +23,7 @@ def test_sigterm_to_the_benchmark_stops_its_running_jobs(tmp_path):
     script = textwrap.dedent(f"""
         import os, sys
         from concurrent.futures import ThreadPoolExecutor
-        from slimpar.bench import runner
+        from benchmarks import runner
 
         def one(i):
             runner._run_job([sys.executable, "-c", {job!r}, rf"{tmp_path}/job{{i}}"], 300, dict(os.environ))

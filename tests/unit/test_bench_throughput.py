@@ -3,7 +3,7 @@
 import json
 import math
 
-from slimpar.bench.throughput import PIPELINE_ROWS, TRAIN_ROWS, TRAINER_ROWS, bench_throughput
+from benchmarks.throughput import PIPELINE_ROWS, TRAIN_ROWS, TRAINER_ROWS, bench_throughput
 
 
 def test_a_tiny_cpu_run_writes_valid_rows(tmp_path):

@@ -1,9 +1,9 @@
-"""Step-time ratios of interleaved timing rounds (bench/timing.py) against a hand computation, and the
+"""Step-time ratios of interleaved timing rounds (benchmarks/timing.py) against a hand computation, and the
 mixed-commit note of bench reports."""
 
-from slimpar.bench.report import commits_note, run_commits
-from slimpar.bench.runner import Row
-from slimpar.bench.timing import ratio_cell, step_time_ratios, timing_rows
+from benchmarks.report import commits_note, run_commits
+from benchmarks.runner import Row
+from benchmarks.timing import ratio_cell, step_time_ratios, timing_rows
 
 
 def _run(row, t, seed=0, k=0, commit="a" * 40, load=1.0):
@@ -22,7 +22,7 @@ def test_rounds_rotate_the_order_and_only_shorten_the_runs():
 
 
 def test_a_row_sets_its_own_timing_length_and_environment():
-    from slimpar.bench.runner import row_command
+    from benchmarks.runner import row_command
 
     row = Row("V", "c.toml", ["--train.steps", "40"], "g", timing_steps=40, env={"OMP_NUM_THREADS": "1"})
     (timed,) = timing_rows([row], 1)
@@ -53,7 +53,7 @@ def test_tokens_per_s_against_ddp_from_the_step_time_ratios_and_the_batch():
     """The batch group (bench sdp, issue 20 item 2): tokens/s × DDP = (tokens a step / DDP's) / (step × DDP's),
     per round; a row at 4x DDP's batch whose steps take 2.5x, 2x and 3x as long moves 1.6, 2 and 1.33x the
     tokens a second."""
-    from slimpar.bench.sdp import _tokens_per_step, batch_rows, tokens_per_s_vs_ddp
+    from benchmarks.sdp import _tokens_per_step, batch_rows, tokens_per_s_vs_ddp
 
     ratio = {"ratio": [2.5, 2.0, 3.0]}
     got = tokens_per_s_vs_ddp({"tokens_per_step": 2048}, {"tokens_per_step": 512}, ratio)
@@ -71,7 +71,7 @@ def test_tokens_per_s_against_ddp_from_the_step_time_ratios_and_the_batch():
 def test_sdp_step_against_ddp_at_the_same_batch():
     """The batch table's cost column pairs round i of an SDP row with round i of DDP at its own batch size: steps
     of 0.16, 0.15, 0.18 s against DDP's 0.28, 0.30, 0.27 s give 4/7, 1/2 and 2/3 (median 4/7)."""
-    from slimpar.bench.sdp import batch_markdown, same_batch_ratio
+    from benchmarks.sdp import batch_markdown, same_batch_ratio
 
     def line(row: str, times: list[float]) -> dict:
         return {"group": "batch", "row": row, "tokens_per_step": 512, "step_time_s": times[0],

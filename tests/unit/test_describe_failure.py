@@ -45,7 +45,7 @@ def test_an_unknown_signal_and_an_empty_record():
 
 def test_a_survivor_that_took_the_agents_sigterm_as_a_stop_is_not_the_cause():
     """The agent closes a failed job's survivors with SIGTERM, which a worker takes as a stop request: it exits 143
-    (slimpar/train/launch/preempt.py). That exit is the agent's doing, not the cause."""
+    (slimpar/train/job/preempt.py). That exit is the agent's doing, not the cause."""
     assert describe_failure(_failed((0, 143, 100), (1, 1, 101))) == "rank 1 exited with code 1"
 
 

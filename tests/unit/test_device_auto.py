@@ -135,7 +135,7 @@ def test_the_start_line_says_device_backend_and_dtype(monkeypatch):
 def test_validation_and_workers_refuse_an_unresolved_auto(tmp_path):
     """``auto`` is resolved once, at start-up; a path that skipped it must not train on the CPU unasked."""
     from slimpar.config import load_config
-    from slimpar.train.launch.context import init_context
+    from slimpar.train.job.context import init_context
     from slimpar.train.validate.checks import validate
 
     cfg = load_config(TINY, [])

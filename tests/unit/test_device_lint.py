@@ -48,7 +48,7 @@ SITES = {  # "file::function": where the tensors that enter its collectives live
     "slimpar/sdp/comm.py::GroupComm.broadcast_from": "the gathered model, materialized on the device asked",
     "slimpar/train/evaluate.py::_eval_split": "sums on the model's device",
     "slimpar/train/guard.py::StepGuard.check": "group_device(group): made there, or moved there (_values)",
-    "slimpar/train/launch/preempt.py::StopRequest.agreed": "the run's device, passed in",
+    "slimpar/train/job/preempt.py::StopRequest.agreed": "the run's device, passed in",
     "slimpar/train/memory/predict.py::_mean_in_place": "DDP's bucket (fake backend)",
     "slimpar/train/strategies/base.py::Strategy.reduce_loss": "group_device(group)",
     "slimpar/train/strategies/hybrid.py::HybridPipelineStrategy._sum_pipeline": "moved to ctx.device",

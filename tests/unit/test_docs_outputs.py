@@ -39,7 +39,7 @@ def test_tied_and_boundary_keys_of_a_pipeline_summary_are_documented():
 
 
 def test_membership_record_and_sample_positions_are_documented(tmp_path):
-    from slimpar.train.launch.elastic import MEMBERSHIP, record_start
+    from slimpar.train.job.elastic import MEMBERSHIP, record_start
 
     record_start(tmp_path, 4, 0, 0, "job")
     change = record_start(tmp_path, 2, 8, 1, "job")

@@ -6,7 +6,7 @@ import pytest
 
 from slimpar.config import ConfigError
 from slimpar.data.shares import batch_share
-from slimpar.train.launch.elastic import SampleLog, fit_grad_accum, membership_changes, record_start
+from slimpar.train.job.elastic import SampleLog, fit_grad_accum, membership_changes, record_start
 
 
 def test_the_global_batch_stays_and_accumulation_follows_the_world():

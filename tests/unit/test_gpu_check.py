@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from slimpar.bench import gpu_check
-from slimpar.bench.gpu_check import BUDGET_S, ROWS, GpuRow, bench_gpu, check_budget
+from benchmarks import gpu_check
+from benchmarks.gpu_check import BUDGET_S, ROWS, GpuRow, bench_gpu, check_budget
 
 
 def test_the_rows_fit_the_budget_and_cover_what_the_cpu_cannot():

@@ -2,7 +2,7 @@
 
 import torch
 
-from slimpar.bench.gpu import ROWS, probe_row
+from benchmarks.gpu import ROWS, probe_row
 
 
 def test_probe_orders_rows_by_memory():

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import slimpar
-from slimpar.bench.plan_sim import synthetic_components
+from benchmarks.plan_sim import synthetic_components
 from slimpar.cli import main
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.comm import binomial_broadcast, ring_allreduce
@@ -160,7 +160,7 @@ def test_plan_reports_the_groups_created_and_joined(capsys, n, fsdp, regime, cre
 
 
 def test_the_group_bench_counts_what_plan_reports(tmp_path):
-    from slimpar.bench.group_scale import bench_groups
+    from benchmarks.group_scale import bench_groups
 
     rows = bench_groups(tmp_path, workers=(8,), rows=(("backward", False), ("forward", True)), rounds=1)["rows"]
     assert [(r["regime"], r["new_group_calls"], r["wrapper_new_group_calls"], r["created"]) for r in rows] == \

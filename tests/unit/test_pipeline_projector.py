@@ -23,7 +23,7 @@ import slimpar.optim.spel as spel
 from slimpar.codecs.stiefel import orth_error
 from slimpar.config import ConfigError
 from slimpar.train.build import build_data, build_model, lr_at
-from slimpar.train.launch.context import RunContext
+from slimpar.train.job.context import RunContext
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
 from slimpar.train.trainer import Trainer
 from slimpar.train.validate.checks import load_run_config
@@ -221,7 +221,7 @@ def test_invalid_projector_options_are_rejected(overrides, match) -> None:
 
 
 def test_bench_rows_for_the_projector_ablations_are_valid() -> None:
-    from slimpar.bench.mapl import rows
+    from benchmarks.mapl import rows
 
     named = {r.name: r for r in rows(quick=False, steps=100)}
     for name in ("MAPL 4x + PCA init", "MAPL 4x + own SPEL schedule", "MAPL 4x + separate clip",
@@ -250,8 +250,9 @@ def test_bench_rows_for_the_projector_ablations_are_valid() -> None:
 ])
 def test_auto_projector_init_is_pca_for_compressing_mapl(args, expected):
     from slimpar.config import load_config
-    from slimpar.pipeline.spec import resolve_projector_init
+    from slimpar.train.strategies.pipeline_specs import codec_specs
 
     cfg = load_config(None, ["--pipeline.codec", "mapl", *args])
     assert cfg.pipeline.projector_init == ("random" if "random" in args else "auto")
-    assert resolve_projector_init(cfg.pipeline, 64) == expected
+    specs = codec_specs(cfg, 64, 512)  # the one place a run's r, and the start that follows from it, is decided
+    assert {s.projector_init for s in specs} == {expected}

@@ -58,7 +58,7 @@ def test_slurm_tasks_per_node_lists():
 
 def test_a_bare_srun_rank_drives_its_own_gpu(env, monkeypatch, tmp_path):
     """Failed on 1586a30: LOCAL_RANK defaulted to 0, so every task of a node took GPU 0."""
-    from slimpar.train.launch.context import init_context
+    from slimpar.train.job.context import init_context
     from slimpar.train.validate.checks import load_run_config
 
     chosen = []
@@ -104,7 +104,7 @@ def test_gloo_ranks_share_the_gpus_in_turn(env, monkeypatch, tmp_path):
     """gloo reduces CUDA tensors too and, unlike NCCL, takes several ranks on one GPU: 4 workers on 1 GPU pass
     validation and all drive cuda:0 (the device check's cuda:gloo row); NCCL still needs a GPU each."""
     from slimpar.parallel.placement import gpu_index
-    from slimpar.train.launch.context import init_context
+    from slimpar.train.job.context import init_context
     from slimpar.train.validate.checks import load_run_config
 
     assert [gpu_index(r, 1, "gloo") for r in range(4)] == [0, 0, 0, 0]
@@ -140,5 +140,5 @@ def test_a_restarted_gloo_group_binds_the_gpu_the_context_binds(env, monkeypatch
     assert cfg.parallel.device == "cuda"  # auto with an explicit gloo: the workers share the GPU
     worker.init_attempt_group(cfg)
     (backend, kw), = groups
-    # the gloo group binds no device (its ranks share one GPU: launch/context.nccl_device_id)
+    # the gloo group binds no device (its ranks share one GPU: job/context.nccl_device_id)
     assert chosen == [torch.device("cuda", 0)] and backend == "gloo" and kw["device_id"] is None

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from slimpar.bench.plan_sim import bench_plans, bytes_against_ddp, synthetic_components
+from benchmarks.plan_sim import bench_plans, bytes_against_ddp, synthetic_components
 from slimpar.sdp.plan import analytic_bytes_per_step, plan_components
 
 

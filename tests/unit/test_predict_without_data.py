@@ -87,10 +87,10 @@ def test_a_pipelines_plan_memory_needs_no_data(tmp_path):
 
 
 def test_bench_gpus_prediction_needs_no_data(tmp_path):
-    from slimpar.bench.gpu import ROWS, predicted_peak
+    from benchmarks.gpu import ROWS, predicted_peak
 
     rows = [None, ROWS["B-SDP 0.5"]]
-    script = ("import json, sys; from slimpar.bench.gpu import ROWS, predicted_peak; "
+    script = ("import json, sys; from benchmarks.gpu import ROWS, predicted_peak; "
               "print(json.dumps([predicted_peak('tiny', ROWS[n] if n else None, 2, 32, False, workers=2, vocab=512) "
               "for n in (None, 'B-SDP 0.5')]))")
     proc = _run(tmp_path, ["-c", script])

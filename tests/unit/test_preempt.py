@@ -1,4 +1,4 @@
-"""Save on preemption (issue 40, slimpar/train/launch/preempt.py): the stop request's states, its grace timer, and the
+"""Save on preemption (issue 40, slimpar/train/job/preempt.py): the stop request's states, its grace timer, and the
 closing line the launcher derives from what ended the job. The runs themselves: tests/distributed/test_preemption.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import textwrap
 from types import SimpleNamespace
 
-from slimpar.train.launch import preempt
+from slimpar.train.job import preempt
 from tests.helpers import ROOT
 
 AGAIN = "slimpar train --out run"
@@ -22,7 +22,7 @@ def test_the_grace_timer_imports_nothing_heavy(tmp_path):
     (tmp_path / "checkpoints" / "step_000004").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step_000004" / "trainer.json").write_text("{}")
     (tmp_path / "checkpoints" / "step_000008").mkdir()  # no trainer.json: an interrupted save
-    script = (f"import sys; from slimpar.train.launch.preempt import newest_step; "
+    script = (f"import sys; from slimpar.train.job.preempt import newest_step; "
               f"print(newest_step({str(tmp_path)!r}), 'torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.stdout.split() == ["4", "False"], proc.stderr
@@ -35,7 +35,7 @@ def test_a_stop_request_raises_before_the_loop_flags_in_it_and_ends_at_its_grace
     script = textwrap.dedent(f"""
         import os, signal, time
         from pathlib import Path
-        from slimpar.train.launch.preempt import Preempted, StopRequest
+        from slimpar.train.job.preempt import Preempted, StopRequest
         early = StopRequest(60, Path({str(tmp_path)!r}), is_main=True)
         early.install()
         try:

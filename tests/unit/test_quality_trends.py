@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from slimpar.bench.quality import report as quality_report
-from slimpar.bench.quality import rows as quality_rows
-from slimpar.bench.quality import trends as quality_trends
+from benchmarks.quality import report as quality_report
+from benchmarks.quality import rows as quality_rows
+from benchmarks.quality import trends as quality_trends
 
 
 def _run(group: str, row: str, seed: int, val: float) -> dict:
@@ -21,7 +21,7 @@ def _run(group: str, row: str, seed: int, val: float) -> dict:
 
 
 def _sweep_done(tmp_path, sweep: str, names) -> None:
-    from slimpar.bench.runner import Row
+    from benchmarks.runner import Row
 
     for name in names:
         for lr in quality_rows.SWEEP_RATES[sweep]:
@@ -54,7 +54,7 @@ def test_length_and_width_rows_run_at_the_tuned_rates_and_reuse_the_tuned_runs(t
 
 
 def _longest(tmp_path, name: str, seed: int, val: float) -> None:
-    from slimpar.bench.runner import Row
+    from benchmarks.runner import Row
 
     row = Row(f"{name} at {quality_rows.LENGTHS[-1]} steps", quality_rows.CONFIG, group="length", seed=seed)
     (tmp_path / "runs" / row.key).mkdir(parents=True)
@@ -234,7 +234,7 @@ def test_the_width_extrapolation_is_a_power_law_fitted_in_log_space():
 def test_the_gap_during_training_pairs_each_width_with_its_own_baseline(tmp_path):
     """By hand: at d 64 the gap is 10% then 5%, at d 128 4% then 2% (each against none at its own width, seed by
     seed); the baselines get no curve of their own."""
-    from slimpar.bench.quality.plots import gaps_during_training, plots
+    from benchmarks.quality.plots import gaps_during_training, plots
 
     def run(row, seed, vals):
         r = _run("width", row, seed, vals[-1])

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from slimpar.bench.readme import PAGES, ReadmeError, blocks, format_value, readme_command, regenerate
+from benchmarks.readme import PAGES, ReadmeError, blocks, format_value, readme_command, regenerate
 from tests.helpers import ROOT
 
 

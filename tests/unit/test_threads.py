@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from slimpar.train.launch.context import _share_cores
+from slimpar.train.job.context import _share_cores
 
 
 @pytest.fixture

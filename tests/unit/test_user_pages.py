@@ -40,9 +40,9 @@ def test_the_first_screen_links_the_quick_start_and_the_integrations():
     assert len(first.splitlines()) <= 25  # what a user sees before scrolling
 
 
-def test_the_architecture_page_names_every_room_of_train_and_bench():
+def test_the_architecture_page_names_every_room_of_train_and_the_benchmarks():
     arch = (ROOT / "docs" / "architecture.md").read_text()
-    rooms = [p.parent for top in ("train", "bench") for p in (ROOT / "slimpar" / top).glob("*/__init__.py")]
+    rooms = [p.parent for top in (ROOT / "slimpar" / "train", ROOT / "benchmarks") for p in top.glob("*/__init__.py")]
     assert len(rooms) >= 8
     for room in [*rooms, ROOT / "slimpar" / "commands"]:
         assert f"{room.name}/" in arch, room.relative_to(ROOT)

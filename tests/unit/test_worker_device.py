@@ -1,4 +1,4 @@
-"""Each worker's GPU is chosen in one place (launch/context.worker_device) on every start path: torchrun's
+"""Each worker's GPU is chosen in one place (job/context.worker_device) on every start path: torchrun's
 (init_context) and slimpar's launcher's attempt group (worker.init_attempt_group). On the H200 the launcher's
 path took the local rank alone, so rank 1 of two cuda:gloo ranks on one GPU failed with "invalid device ordinal"
 (docs/results/gpu/2026-12-04-388788f). No CUDA here: torch.cuda's device count and set_device are stood in for."""
@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 from slimpar.config import load_config
-from slimpar.train.launch import context, worker
+from slimpar.train.job import context
+from slimpar.train.launch import worker
 from tests.helpers import TINY
 
 

@@ -56,7 +56,20 @@ def checkpoint_layout(cfg) -> dict:
         from slimpar.train.build import llama_config
 
         out["pipeline"]["cuts"] = cut_blocks(llama_config(cfg).n_layers, cfg.pipeline.stages)
+        out["pipeline"].update(_codec_settings(cfg.pipeline))
     return out
+
+
+def _codec_settings(pc) -> dict:
+    """``{"codec_options": {field: value}}``: the codec's own settings as its kind declares them, resolved (defaults
+    filled in, typed), so "k=8" and "k = 8" are one layout; {} for a kind without settings (the built-in ones),
+    whose layouts are what they were before codecs had settings."""
+    from dataclasses import asdict
+
+    from slimpar.pipeline.codec_kinds import codec_settings
+
+    settings = codec_settings(pc.codec, pc.codec_options)
+    return {} if settings is None else {"codec_options": asdict(settings)}
 
 
 SHAPE_DEFAULTS = ("n_layers", "max_seq_len", "n_kv_heads")  # 0 = the size's own value

@@ -24,8 +24,9 @@ from pathlib import Path
 
 from slimpar.config import Config, from_dict, to_dict, to_toml
 from slimpar.train.checkpoint.init_from import INIT_FROM_RECORD, record_init_from
-from slimpar.train.launch import failure, local_rdzv, oom, parent, preempt
-from slimpar.train.launch.elastic import MEMBERSHIP, restart_count, under_torchrun
+from slimpar.train.job import parent, preempt
+from slimpar.train.job.elastic import MEMBERSHIP, restart_count, under_torchrun
+from slimpar.train.launch import failure, local_rdzv, oom
 from slimpar.train.launch.run_lock import run_lock
 from slimpar.train.launch.worker import worker_main
 from slimpar.train.validate.limits import runs_in_process

@@ -29,7 +29,7 @@ ACCEPTED = ("log.", "eval.", "checkpoint.", "parallel.timeout_s", "parallel.max_
             "parallel.device", "train.stop_after", "train.skip_bad_steps", "train.activation_checkpointing",
             "data.cache_dir", "data.ood", "model.init_from", "sdp.check_every", "pipeline.checksum_every")
 # noted; check_layout refuses what a checkpoint cannot load. train.grad_accum follows the worker count under an
-# elastic torchrun (slimpar.train.launch.elastic.fit_grad_accum): the same global batch, summed in other micro-batches
+# elastic torchrun (slimpar.train.job.elastic.fit_grad_accum): the same global batch, summed in other micro-batches
 LAYOUT = ("parallel.mode", "parallel.workers", "sdp.", "train.grad_accum", "pipeline.stages", "pipeline.virtual",
           "pipeline.dp", "pipeline.sdp_keep")
 

@@ -9,7 +9,7 @@ Written by hand on ``fcntl.flock`` (POSIX, this project's platform): the kernel 
 ends, however it ends (a crash or ``kill -9`` leaves no stale lock), which a pid file alone cannot give.
 
 The launcher's lock alone ends with the launcher, and workers can outlive it by seconds: a killed launcher's
-workers finish their step and save (:mod:`slimpar.train.launch.parent`). So every worker of a launcher also
+workers finish their step and save (:mod:`slimpar.train.job.parent`). So every worker of a launcher also
 holds a lock of its own, ``<out>/.slimpar-workers/<host>-<launcher pid>-<pid>.lock``, until it exits
 (:func:`hold_worker_lock`); a new job that finds one of another launcher on this host still locked stops and
 names the pids. The files of the job's own launcher are skipped (under torchrun rank 0 takes the run lock while
@@ -51,7 +51,7 @@ def run_lock(out_dir: Path) -> Iterator[None]:
                 f"folder would mix their metrics and checkpoints. Wait for it to end, stop it (kill {holder}), or "
                 f"pass another --out") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()}\n{_torchrun_job()}\n".encode(), 0)
         _refuse_live_workers(out_dir)
         yield
     finally:
@@ -60,6 +60,13 @@ def run_lock(out_dir: Path) -> Iterator[None]:
 
 def _job_key(launcher: int) -> str:
     return f"{socket.gethostname()}-{launcher}"
+
+
+def _torchrun_job() -> str:
+    """This torchrun job's rendezvous id (the same on every node of one job), or "" outside torchrun or where the
+    id is torchrun's default "none" (two such jobs could not be told apart)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return "" if run_id in ("", "none") else run_id
 
 
 def hold_worker_lock(out_dir: Path) -> None:
@@ -71,7 +78,7 @@ def hold_worker_lock(out_dir: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder / f"{_job_key(os.getppid())}-{os.getpid()}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()}\n{_torchrun_job()}\n".encode(), 0)
     except OSError:
         return
 
@@ -93,8 +100,10 @@ def live_workers(out_dir: Path) -> list[int]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             path.unlink(missing_ok=True)  # its worker has exited
-        except BlockingIOError:
-            pids.append(int(path.stem.rsplit("-", 1)[1]))
+        except BlockingIOError:  # a live worker: of another job, unless it is this torchrun job on another node
+            job = _torchrun_job()  # (nodes that share a hostname, e.g. network namespaces of one machine)
+            if not job or os.pread(fd, 4096, 0).decode(errors="replace").split("\n")[1:2] != [job]:
+                pids.append(int(path.stem.rsplit("-", 1)[1]))
         except OSError:
             pass
         finally:

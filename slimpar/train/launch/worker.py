@@ -22,9 +22,10 @@ from slimpar.config import Config, ConfigError, from_dict
 from slimpar.data.errors import DataUnavailable
 from slimpar.sdp.holders import ReplicaMismatch
 from slimpar.train.guard import TrainingDiverged
-from slimpar.train.launch import failure, parent, preempt
-from slimpar.train.launch.context import RunContext, init_context, nccl_device_id, worker_device
-from slimpar.train.launch.elastic import restart_count
+from slimpar.train.job import parent, preempt
+from slimpar.train.job.context import RunContext, init_context, nccl_device_id, worker_device
+from slimpar.train.job.elastic import restart_count
+from slimpar.train.launch import failure
 from slimpar.train.launch.run_lock import hold_worker_lock
 
 
@@ -171,7 +172,7 @@ def init_attempt_group(cfg: Config) -> None:
     on a barrier count that is already spent): torch 2.13 issue, reproduced with a bare gloo script
     under ``torchrun --max-restarts 1``. Prefixing every key with the restart count gives each attempt
     a clean namespace on the same store. Without the agent's store (another launcher) torch's own
-    ``env://`` start is used unchanged (by :func:`~slimpar.train.launch.context.init_context`).
+    ``env://`` start is used unchanged (by :func:`~slimpar.train.job.context.init_context`).
     """
     if (dist.is_initialized() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
             or "MASTER_ADDR" not in os.environ):

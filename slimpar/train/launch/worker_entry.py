@@ -6,7 +6,7 @@ Ctrl-C in those seconds printed the traceback of an interrupted import. Here the
 start-up handler that ends the worker with exit 130 and no output (nothing is written before
 ``worker_main``, which replaces it by the training handler), and only then is torch imported. SIGTERM and SIGUSR1
 (the stop signals) get the same start-up handler with exit 143, and the worker asks to die with its launcher
-(:mod:`slimpar.train.launch.parent`) before anything else.
+(:mod:`slimpar.train.job.parent`) before anything else.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(_sig, _interrupted_while_starting)
-    from slimpar.train.launch.parent import die_with_parent, launcher_pid
+    from slimpar.train.job.parent import die_with_parent, launcher_pid
 
     die_with_parent(launcher_pid())
     import sys

@@ -8,7 +8,7 @@ Algorithm, for each rank r of the run's ``parallel.workers``:
    builders make the run's model, rank r's strategy (its SDP subnetwork, holder groups, FSDP2 shards,
    activation checkpointing, DDP buckets) and the optimizer;
 3. the trainer's own steps run on fake batches of the real shapes: steps before ``log.measure_step``
-   plainly (so the optimizer state exists, as in a run), that step under ``Trainer._measured_step``, the
+   plainly (so the optimizer state exists, as in a run), that step under ``TrainStep.measured`` (train/step.py), the
    same :class:`~slimpar.parallel.comm.StepInstrument` and storage accounting a real run records.
 
 The parts are therefore the ones a run writes to ``summary.json`` (``per_rank[i]["mem"]``): parameters,
@@ -164,7 +164,7 @@ class _Pass:
     """A guard that lets every step through (the real one reads values; its memory is not counted)."""
 
     skipped: list[int] = []
-    loss = gnorm = mean_loss = 0.0  # what the trainer reads after a check: no values under fake tensors
+    loss = gnorm = mean_loss = 0.0  # what the step reads after a check: no values under fake tensors
     signal = 0
 
     def check(self, *args, **kwargs) -> bool:
@@ -203,38 +203,30 @@ def predict_rank(cfg: Config, rank: int, world: int, vocab_size: int) -> dict:
 
 
 def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path, sizes=None) -> dict:
-    """Build the trainer's pieces as ``Trainer._build`` does and run up to the measured step; ``sizes``: a
+    """Build the run's pieces as ``Trainer._build`` does and run its step up to the measured one; ``sizes``: a
     pipeline's value-dependent sizes (memory_predict_pipeline.py), read off the run's own batches."""
-    from slimpar.train.build import total_steps
-    from slimpar.train.launch.context import RunContext
-    from slimpar.train.launch.elastic import SampleLog
-    from slimpar.train.launch.preempt import StopRequest
+    from slimpar.train.job.context import RunContext
     from slimpar.train.memory.predict_pipeline import CountedIds
+    from slimpar.train.step import TrainStep
     from slimpar.train.strategies import build_strategy
-    from slimpar.train.trainer import Trainer
 
     ctx = RunContext(rank=rank, world=world, device=torch.device("cpu"), out_dir=out, group=dist.group.WORLD,
                      timeout=timedelta(seconds=cfg.parallel.timeout_s))
-    trainer = Trainer.__new__(Trainer)  # no writer, sinks or run files: only the step
-    trainer.cfg, trainer.ctx, trainer.data = cfg, ctx, _data(cfg, vocab_size)
+    data = _data(cfg, vocab_size)
     if sizes is not None:
-        trainer.data = CountedIds(cfg, trainer.data, sizes)
-    trainer.strategy = build_strategy(cfg, _model(cfg, vocab_size), ctx)
-    if isinstance(trainer.strategy.module, nn.parallel.DistributedDataParallel):
-        trainer.strategy.module.register_comm_hook(None, _mean_in_place)
-        trainer.strategy.module.reducer = _BucketsKept(trainer.strategy.module.reducer)
-    trainer.optimizer = trainer.strategy.build_optimizer(cfg)
-    trainer.base_lrs = [g["lr"] for g in trainer.optimizer.param_groups]
-    trainer.total = total_steps(cfg)
-    trainer.guard = _Pass()
-    trainer.stop = StopRequest.inactive()
-    trainer.samples = SampleLog(False, ctx.group)
-    measure_at = max(min(cfg.log.measure_step, trainer.total - 1), 0)
+        data = CountedIds(cfg, data, sizes)
+    strategy = build_strategy(cfg, _model(cfg, vocab_size), ctx)
+    if isinstance(strategy.module, nn.parallel.DistributedDataParallel):
+        strategy.module.register_comm_hook(None, _mean_in_place)
+        strategy.module.reducer = _BucketsKept(strategy.module.reducer)
+    # no writer, sinks or run files: only the step, with a guard that lets every step through
+    steps = TrainStep(cfg, ctx, data, strategy, strategy.build_optimizer(cfg), _Pass())
+    measure_at = max(min(cfg.log.measure_step, steps.total - 1), 0)
     for step in range(measure_at):
-        trainer._step(step)
-        trainer.strategy.end_of_step(step)
-    trainer._measured_step(measure_at)
-    return trainer.measured["mem"]
+        steps.run(step)
+        strategy.end_of_step(step)
+    _, record = steps.measured(measure_at)
+    return record["mem"]
 
 
 def _model(cfg: Config, vocab_size: int) -> nn.Module:

@@ -290,7 +290,8 @@ def describe_pipeline(cfg) -> str:
     pc, t = cfg.pipeline, cfg.train
     replicas = 1 if pc.virtual else cfg.parallel.workers // pc.stages
     anchors = resolve_anchors(pc.codec, pc.anchors)
-    codec = pc.codec + (f" + anchors {anchors}" if anchors != "none" else "")
+    codec = pc.codec + (f" ({pc.codec_options})" if pc.codec_options else "")
+    codec += f" + anchors {anchors}" if anchors != "none" else ""
     codec += f" + RVQ {pc.rvq.levels}x{pc.rvq.codebook}" if pc.rvq.levels else ""
     where = "all in one worker (virtual)" if pc.virtual else f"{replicas} replica(s), one stage per worker"
     return (f"pipeline {pc.stages} stages, {where}, codec {codec}, {pc.schedule}, global batch {t.batch_size} "

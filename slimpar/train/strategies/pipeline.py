@@ -32,7 +32,6 @@ from slimpar.parallel.device import to_device
 from slimpar.pipeline.evaluate import all_reduce_sum, evaluate_pipeline
 from slimpar.pipeline.groups import PipelineLayout, build_groups
 from slimpar.pipeline.pca import calibrate_stage, calibrate_virtual
-from slimpar.pipeline.spec import resolve_projector_init
 from slimpar.pipeline.split import build_stages
 from slimpar.pipeline.stage import CodecPipelineStage
 from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
@@ -67,10 +66,12 @@ def build_run_stages(cfg, model, which: list[int], device_type: str) -> list:
     return stages
 
 
-def _pca_batches(cfg, keep: frozenset[int] | None, batch_fn, d: int) -> list[torch.Tensor]:
+def _pca_batches(cfg, keep: frozenset[int] | None, batch_fn, stages: list) -> list[torch.Tensor]:
     """The first training batches (token ids) for a PCA start (``keep`` is not None: before step 0's update,
-    or a resume's first step with new cuts); [] otherwise. A resumed run keeps the A of its kept cuts."""
-    if keep is None or resolve_projector_init(cfg.pipeline, d) != "pca":
+    or a resume's first step with new cuts, and the run's specs start A by PCA: ``codec_specs`` decided it with
+    the run's final r); [] otherwise. A resumed run keeps the A of its kept cuts."""
+    pca = any(half.spec.projector_init == "pca" for s in stages for half in s.codecs.values())
+    if keep is None or not pca:
         return []
     return [batch_fn(i, 0)[0] for i in range(cfg.pipeline.pca_batches)]
 
@@ -89,7 +90,6 @@ class PipelineStrategy(PipelineStrategyBase):
     """One stage of one replica's pipeline on this rank."""
 
     def __init__(self, cfg, model, ctx):
-        self.model_dim = model.cfg.dim
         layout = PipelineLayout.of(cfg.pipeline.stages, ctx.world, ctx.rank)
         self.layout, self.ctx = layout, ctx
         self.groups = build_groups(layout, ctx.group, ctx.timeout)
@@ -128,7 +128,7 @@ class PipelineStrategy(PipelineStrategyBase):
     def _schedule_step(self, step: int, batch_fn) -> float:
         self._begin_step()
         keep = self._pca_keep(step)
-        batches = _pca_batches(self.cfg, keep, _on_device(batch_fn, self.ctx.device), self.model_dim)
+        batches = _pca_batches(self.cfg, keep, _on_device(batch_fn, self.ctx.device), [self.stage])
         if batches:
             calibrate_stage(self.stage, batches, self.pp_stage.prev, self.pp_stage.next, self._replica_sum, keep)
         self.start_step(step)
@@ -233,7 +233,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
     """All P stages in this process (``pipeline.virtual = true``)."""
 
     def __init__(self, cfg, model, ctx):
-        self.model_dim, self.ctx = model.cfg.dim, ctx
+        self.ctx = ctx
         stages = [s.to(ctx.device) for s in build_run_stages(cfg, model, list(range(cfg.pipeline.stages)),
                                                              ctx.device.type)]
         super().__init__(cfg, stages, 0, 1)
@@ -247,7 +247,7 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
     def _schedule_step(self, step: int, batch_fn) -> float:
         self._begin_step()
         keep = self._pca_keep(step)
-        batches = _pca_batches(self.cfg, keep, _on_device(batch_fn, self.ctx.device), self.model_dim)
+        batches = _pca_batches(self.cfg, keep, _on_device(batch_fn, self.ctx.device), self.stages)
         if batches:
             calibrate_virtual(self.stages, self.pipe.links, batches, keep)
         self.start_step(step)

@@ -18,21 +18,30 @@ from slimpar.train.build import total_steps
 
 def codec_specs(cfg: Config, d: int, vocab: int) -> list[CodecSpec]:
     """One spec per boundary p = 0..P−2 from ``cfg.pipeline``, through ``resolve_spec``: the path
-    ``CodecSpec.mapl`` takes too, so the library's MAPL is the CLI's."""
+    ``CodecSpec.mapl`` takes too, so the library's MAPL is the CLI's.
+
+    The one place that decides a run's r: ``pipeline.rank``, else d / K, else (``compression_of = total``) the
+    budget's fit (``run_rank``); the spec is then resolved at that r, so what follows from r (``auto``'s PCA
+    start for r < d) follows from the r the run uses. Everything else reads r and the start from these specs."""
+    r = run_rank(cfg, _resolve(cfg, d, vocab, cfg.pipeline.rank))
     pc = cfg.pipeline
-    rvq = default_rvq(pc.rvq.levels, pc.rvq)
-    spec = resolve_spec(pc.codec, dim=d, vocab=vocab, seed=cfg.train.seed, rank=pc.rank, compression=pc.compression,
-                        anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
-                        anchor_init=pc.anchor_init, ids=pc.ids, projector_init=pc.projector_init, rvq=rvq,
-                        microbatches=pc.microbatches)
-    r = run_rank(cfg, spec)
     if r < 1:
         raise ConfigError(f"pipeline.compression = {pc.compression} with compression_of = 'total': even rank 1 sends "
                           f"more than 1/{pc.compression} of the uncompressed pipeline's bytes per step (its payload "
                           "plus what does not shrink with r: token ids, codebooks, anchor rows); lower the "
                           "compression, read ids locally (--pipeline.ids local) or use compression_of = 'payload'")
-    spec = dataclasses.replace(spec, rank=r)
+    spec = _resolve(cfg, d, vocab, r)
     return [dataclasses.replace(spec, boundary=p) for p in range(pc.stages - 1)]
+
+
+def _resolve(cfg: Config, d: int, vocab: int, rank: int) -> CodecSpec:
+    """``resolve_spec`` with every ``[pipeline]`` codec setting at rank ``rank`` (0: d / compression)."""
+    pc = cfg.pipeline
+    return resolve_spec(pc.codec, dim=d, vocab=vocab, seed=cfg.train.seed, rank=rank, compression=pc.compression,
+                        anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
+                        anchor_init=pc.anchor_init, ids=pc.ids, projector_init=pc.projector_init,
+                        rvq=default_rvq(pc.rvq.levels, pc.rvq), microbatches=pc.microbatches,
+                        options=pc.codec_options)
 
 
 def step_shape(cfg: Config) -> StepShape:

@@ -120,10 +120,11 @@ def check_numbers(cfg: Config) -> None:
             _check_number(where, v, rules.get(where))
 
 
-def validate(cfg: Config, *, training: bool = True, data: bool = True) -> None:
+def validate(cfg: Config, *, training: bool = True, data: bool = True, machine: bool = True) -> None:
     """Raise ConfigError with a message that names the fix for the first problem found
     (``training=False``: not the batch split over workers, which a plan does not depend on; ``data=False``: not
-    whether the data is installed, which a memory prediction does not read: it needs only shapes and sizes)."""
+    whether the data is installed, which a memory prediction does not read: it needs only shapes and sizes;
+    ``machine=False``: not whether this machine's memory holds the run, which ``plan --fit`` answers for another)."""
     m, d, t, p = cfg.model, cfg.data, cfg.train, cfg.parallel
     _choice("model.arch", m.arch, ARCHS)
     _choice("parallel.mode", p.mode, MODES)
@@ -164,6 +165,7 @@ def validate(cfg: Config, *, training: bool = True, data: bool = True) -> None:
     _validate_data(cfg, installed=data)
     if training:
         _validate_batch(cfg)
+    if training and machine:
         check_memory_floor(cfg, config_vocab_size(cfg) if d.kind == "text" else None)  # the data is not read
     if p.mode == "sdp":
         from slimpar.train.validate.sdp import validate_sdp

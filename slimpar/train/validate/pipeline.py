@@ -9,7 +9,7 @@ from __future__ import annotations
 from slimpar.config import Config, ConfigError
 from slimpar.config import check_choice as _choice
 from slimpar.optim.spel import SPEL_SCHEDULES
-from slimpar.pipeline.codec_kinds import CODEC_KINDS, names
+from slimpar.pipeline.codec_kinds import CODEC_KINDS, codec_settings, names
 from slimpar.pipeline.spec import UINT16_LIMIT, resolve_anchors, resolve_rank
 from slimpar.pipeline.sync import SYNC_DTYPES
 from slimpar.pipeline.training import CLIP_MODES
@@ -106,6 +106,10 @@ def _check_codec(cfg: Config, d: int) -> None:
     if pc.rank < 0 or pc.compression < 1:
         raise ConfigError(f"pipeline.rank must be >= 0 and pipeline.compression >= 1, got {pc.rank}, {pc.compression}")
     kind = CODEC_KINDS[pc.codec]
+    try:  # the kind's own settings, as it declares and checks them (codec_registry.codec_settings)
+        codec_settings(pc.codec, pc.codec_options, d)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"pipeline.codec_options = {pc.codec_options!r}: {e}") from None
     if kind.projects:
         if pc.rank > d:
             raise ConfigError(f"pipeline.rank = {pc.rank} is larger than the model width d = {d}; choose r <= d")

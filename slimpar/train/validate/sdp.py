@@ -44,6 +44,9 @@ def validate_sdp(cfg: Config) -> None:
         raise ConfigError(f"sdp.fsdp = {s.fsdp} must divide parallel.workers = {workers}")
     if s.fsdp > 1 and s.level != "block":
         raise ConfigError("SDP with FSDP2 (sdp.fsdp > 1) shards block subnetworks; use --sdp.level block")
+    if s.fsdp > 1 and s.regime != "forward":
+        raise ConfigError("SDP with FSDP2 (sdp.fsdp > 1) shards forward-masked subnetworks; use --sdp.regime "
+                          "forward, or --sdp.fsdp 1 for the backward regime")
     if s.holder_shard and (s.level != "block" or s.regime != "forward" or s.fsdp != 1):
         raise ConfigError("sdp.holder_shard shards whole blocks of forward-masked subnetworks over their holders; "
                           "use --sdp.level block --sdp.regime forward --sdp.fsdp 1")

@@ -1,0 +1,195 @@
+"""What one step of a candidate asks of each worker: its FLOPs (forward, backward) and its traffic.
+
+FLOPs per token follow slimpar/parallel/flops.py (6 per parameter in a matrix product, attention's
+12 · d · T per layer; the embedding lookup is free). Forward is a third, backward two thirds; activation
+checkpointing runs the forward again inside the backward. An SDP worker in the forward regime runs only
+its subnetwork: the blocks it holds cost their share; in the backward regime the forward is the full model's,
+and of the backward the input gradients (half of it) are the full model's and the weight gradients (the
+other half) only the held blocks'. A pipeline stage costs its blocks, and the last stage the head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slimpar.config import Config
+from slimpar.plan.cluster import Cluster
+from slimpar.plan.traffic import Boundary, Load, Traffic, finish, new_traffic
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The LLaMA's sizes the costs need."""
+
+    dim: int
+    vocab: int
+    layers: int
+    block_params: int
+    block_flops: int  # per token, forward + backward
+    head_flops: int  # per token, forward + backward (final norm and output head)
+    params: int  # every parameter (a tied embedding once)
+
+    @property
+    def flops_per_token(self) -> int:
+        return self.layers * self.block_flops + self.head_flops
+
+
+def shape_of(cfg: Config) -> Shape:
+    from slimpar.data.vocab import config_vocab_size
+    from slimpar.train.build import llama_config
+
+    lc = llama_config(cfg, vocab_size=config_vocab_size(cfg))
+    d, hd = lc.dim, lc.dim // lc.n_heads
+    block = d * lc.n_heads * hd * 2 + d * lc.n_kv_heads * hd * 2 + 3 * d * lc.ffn_dim + 2 * d
+    head = lc.vocab_size * d + d
+    params = lc.n_layers * block + head + (0 if lc.tie_embeddings else lc.vocab_size * d)
+    return Shape(d, lc.vocab_size, lc.n_layers, block, 6 * block + 12 * lc.n_heads * hd * cfg.data.seq_len,
+                 6 * head, params)
+
+
+@dataclass
+class Workload:
+    """Per worker: forward and backward FLOPs of the slowest worker; pipelines: per stage and microbatch."""
+
+    fwd: float = 0.0
+    bwd: float = 0.0
+    stage_fwd: list[float] = field(default_factory=list)  # per microbatch
+    stage_bwd: list[float] = field(default_factory=list)
+    microbatches: int = 1
+    traffic: Traffic | None = None
+
+
+def workload(cfg: Config, cluster: Cluster) -> Workload:
+    """FLOPs and traffic of one step of ``cfg`` on ``cluster`` (``cfg.parallel.workers`` = its workers)."""
+    s = shape_of(cfg)
+    tokens = cfg.train.batch_size * cfg.data.seq_len
+    ac = cfg.train.activation_checkpointing
+    mode = cfg.parallel.mode
+    if mode == "pipeline":
+        return _pipeline(cfg, cluster, s, tokens, ac)
+    per_worker = tokens / cfg.parallel.workers
+    full = s.flops_per_token * per_worker
+    w, t = Workload(), new_traffic(cluster)
+    ranks = list(range(cfg.parallel.workers))
+    grads = s.params * 4  # fp32 gradients
+    if mode == "ddp":
+        t.overlap.all_reduce(ranks, grads)
+        w.fwd, w.bwd = full / 3, 2 * full / 3
+    elif mode == "fsdp":
+        t.gather.gather(ranks, s.params * _compute_bytes(cfg))
+        t.overlap.gather(ranks, s.layers * s.block_params * _compute_bytes(cfg))  # the blocks again, in backward
+        t.overlap.reduce_scatter(ranks, grads)
+        w.fwd, w.bwd = full / 3, 2 * full / 3
+    elif mode == "sdp":
+        share = _sdp(cfg, cluster, t)
+        masked = s.layers * s.block_flops * per_worker
+        w.fwd = (full - masked * (1 - share)) / 3
+        if cfg.sdp.regime == "forward":
+            w.bwd = 2 * w.fwd
+        else:
+            w.fwd = full / 3
+            w.bwd = full / 3 + (full - masked * (1 - share)) / 3
+    else:
+        w.fwd, w.bwd = full / 3, 2 * full / 3
+    if ac:
+        w.bwd += w.fwd
+    w.traffic = finish(t, Load(cluster))
+    return w
+
+
+def _compute_bytes(cfg: Config) -> int:
+    return 2 if cfg.train.dtype == "bf16" else 4
+
+
+def _sdp(cfg: Config, cluster: Cluster, t: Traffic) -> float:
+    """SDP's traffic into ``t``; returns the largest share of the maskable blocks' bytes a worker holds."""
+    from slimpar.sdp.holders import refresh_sets
+    from slimpar.train.strategies.sdp_plan import plan_from_config
+    from slimpar.train.validate.sdp import meta_model
+
+    f = max(cfg.sdp.fsdp, 1)
+    n = cfg.parallel.workers // f
+    plan = plan_from_config(cfg, meta_model(cfg), n)
+    grad = 2 if cfg.sdp.reduce_dtype == "bf16" else 4
+
+    def ranks(replicas, shard: int) -> list[int]:
+        return [i * f + shard for i in replicas]
+
+    for shard in range(f):
+        for c, holders in zip(plan.components, plan.holder_sets(), strict=True):
+            t.overlap.all_reduce(ranks(holders, shard), c.elements * grad / f)
+        t.overlap.all_reduce(ranks(range(n), shard), plan.shared_numel * grad / f)
+        if cfg.sdp.regime == "backward":
+            for c, members in refresh_sets(plan).items():
+                numel = plan.components[c].elements
+                t.exposed.chain(ranks(members, shard), numel * 4 / f / max(cfg.sdp.refresh_every, 1))
+    if f > 1:
+        for i in range(n):
+            group = list(range(i * f, (i + 1) * f))
+            held = plan.bytes_per_worker[i] // 4
+            t.gather.gather(group, held * _compute_bytes(cfg))
+            t.overlap.gather(group, (held - plan.shared_numel) * _compute_bytes(cfg))  # blocks again in backward
+            t.overlap.reduce_scatter(group, held * 4)
+    return max(plan.keep_bytes_per_worker)
+
+
+def _pipeline(cfg: Config, cluster: Cluster, s: Shape, tokens: int, ac: bool) -> Workload:
+    from slimpar.pipeline.budget import steady_bytes
+    from slimpar.pipeline.split import stage_ranges
+    from slimpar.train.strategies.pipeline_specs import codec_specs, step_shape
+
+    p = cfg.pipeline.stages
+    replicas = cfg.parallel.workers // p
+    m = cfg.pipeline.microbatches
+    mb_tokens = tokens / replicas / m
+    w = Workload(microbatches=m)
+    blocks = [len(r) for r in stage_ranges(s.layers, p)]
+    for i, b in enumerate(blocks):
+        fl = (b * s.block_flops + (s.head_flops if i == p - 1 else 0)) * mb_tokens
+        w.stage_fwd.append(fl / 3)
+        w.stage_bwd.append(2 * fl / 3 + (fl / 3 if ac else 0.0))
+    t, bounds = new_traffic(cluster), Load(cluster)
+    specs = codec_specs(cfg, s.dim, s.vocab) if p > 1 else []
+    shape = step_shape(cfg)
+    for rep in range(replicas):
+        for i, spec in enumerate(specs):
+            a, b = rep * p + i, rep * p + i + 1
+            sent = steady_bytes(spec, shape)
+            bounds.edge(a, b, sent["fwd"])
+            bounds.edge(b, a, sent["bwd"])
+            if rep == 0:
+                same = cluster.node_of(a) == cluster.node_of(b)
+                t.boundaries.append(Boundary(a, sent["fwd"], sent["bwd"],
+                                             cluster.intra_gbps if same else cluster.inter_gbps))
+    stage_params = [b * s.block_params for b in blocks]
+    stage_params[0] += s.vocab * s.dim if not cfg.model.tie_embeddings or p == 1 else 0
+    stage_params[-1] += s.vocab * s.dim + s.dim
+    if cfg.pipeline.dp == "sdp" and replicas > 1:
+        _stage_sdp(cfg, t, p, replicas, stage_params, blocks, s.block_params)
+    else:
+        for i in range(p):
+            t.exposed.all_reduce([r * p + i for r in range(replicas)], stage_params[i] * 4)
+    if cfg.model.tie_embeddings and p > 1:  # the embedding's rows of the step's ids (at most), the head's all
+        elem = {"fp32": 4, "bf16": 2, "int8": 1}[cfg.pipeline.tied_sync_dtype]
+        rows = min(tokens // replicas, s.vocab)
+        for rep in range(replicas):
+            a, b = rep * p, rep * p + p - 1
+            t.exposed.edge(a, b, rows * s.dim * elem)
+            t.exposed.edge(b, a, s.vocab * s.dim * elem)
+    w.traffic = finish(t, bounds)
+    return w
+
+
+def _stage_sdp(cfg: Config, t: Traffic, p: int, replicas: int, stage_params: list[int], blocks: list[int],
+               block_params: int) -> None:
+    """The hybrid's replica sync (slimpar.hybrid.stage_sdp): each stage's blocks among their holders, during
+    the backward; the rest of the stage (embedding, head, norms) over all its replicas."""
+    from slimpar.hybrid.stage_sdp import stage_plans
+    from slimpar.train.validate.sdp import meta_model
+
+    plans = stage_plans(meta_model(cfg), p, replicas, cfg.pipeline.sdp_keep, seed=cfg.train.seed)
+    for i, plan in enumerate(plans):
+        for c, holders in zip(plan.components, plan.holder_sets(), strict=True):
+            t.overlap.all_reduce([h * p + i for h in holders], c.elements * 4)
+        rest = stage_params[i] - blocks[i] * block_params
+        t.overlap.all_reduce([r * p + i for r in range(replicas)], rest * 4)
