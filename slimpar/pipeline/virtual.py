@@ -21,7 +21,8 @@ once, so a step costs the ops of one model's step, not M of them. The loss is th
 without a division; every boundary still sends M messages each way, each the one its microbatch would
 send (the same bytes, headers and codebook messages), and decodes them into the whole batch. RVQ learns
 from the whole batch as from its M forwards (``ResidualVQ(..., windows=M)``). Where one pass is not
-the same step (``one_pass_blocker``: an RVQ that updates its codebook after every microbatch), or the
+the same step (``one_pass_blocker``: an RVQ that updates its codebook after every microbatch, or a
+registered codec's own wire cast, which need not act token by token), or the
 batch does not split into M equal microbatches, the step runs microbatch by microbatch.
 """
 
@@ -30,20 +31,29 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from slimpar.pipeline.codec_kinds import Bf16Cast, Int8Cast, WireCast
 from slimpar.pipeline.spec import WHOLE_BATCH
 from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
 from slimpar.pipeline.sync_local import exchange_local
 from slimpar.pipeline.wire import ByteCounter, LocalLink, recv_message, send_message, split_packets, wait_all
 
+# the wire casts whose packets hold one entry per token (or sequence): a batch's packets split into its microbatches'
+PER_TOKEN_CASTS = (WireCast, Bf16Cast, Int8Cast)
+
 
 def one_pass_blocker(stages: list[StageModule]) -> str | None:
     """Why one pass over the whole batch would not be the microbatched schedule's step; None when it is."""
     for stage in stages:
         enc = stage.encoder
-        if enc is not None and enc.rvq is not None and enc.spec.rvq.update_every == 0:
+        if enc is None:
+            continue
+        if enc.rvq is not None and enc.spec.rvq.update_every == 0:
             return (f"boundary {stage.stage}'s RVQ updates its codebook after every microbatch (rvq.update_every = 0), "
                     "so each microbatch is quantized with another codebook")
+        if enc.rvq is None and type(enc.spec.codec.cast) not in PER_TOKEN_CASTS:
+            return (f"boundary {stage.stage}'s codec {enc.spec.kind!r} has a wire cast of its own, which may not act "
+                    "token by token, so a batch's message need not be its microbatches' messages")
     return None
 
 

@@ -12,6 +12,7 @@ every microbatch falls back to the schedule and says so.
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -157,3 +158,17 @@ def test_rvq_updating_every_microbatch_falls_back(data, capsys) -> None:
     strat, _ = _train(data, [*RVQ, "--pipeline.rvq.update_every", "0"], microbatched=False)
     assert not strat.pipe.one_pass and "rvq.update_every = 0" in strat.pipe.fallback
     assert "runs microbatch by microbatch" in capsys.readouterr().out
+
+
+def test_a_registered_codec_with_its_own_cast_falls_back(data, capsys) -> None:
+    """A registered kind's cast need not act token by token (one pass could not split its message): microbatched."""
+    from slimpar.pipeline.codec_registry import register_codec, unregister_codec
+    from tests.unit.test_codec_registry import TOPK
+
+    register_codec(TOPK)
+    try:
+        strat, losses = _train(data, ["--pipeline.codec", "topk", "--pipeline.codec_options", "k=8"], microbatched=False)
+    finally:
+        unregister_codec("topk")
+    assert not strat.pipe.one_pass and "'topk' has a wire cast of its own" in strat.pipe.fallback
+    assert "runs microbatch by microbatch" in capsys.readouterr().out and all(map(math.isfinite, losses))
