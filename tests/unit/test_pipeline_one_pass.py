@@ -167,7 +167,7 @@ def test_a_registered_codec_with_its_own_cast_falls_back(data, capsys) -> None:
 
     register_codec(TOPK)
     try:
-        strat, losses = _train(data, ["--pipeline.codec", "topk", "--pipeline.codec_options", "k=8"], microbatched=False)
+        strat, losses = _train(data, ["--pipeline.codec", "topk", "--pipeline.codec_options", "k=8"], False)
     finally:
         unregister_codec("topk")
     assert not strat.pipe.one_pass and "'topk' has a wire cast of its own" in strat.pipe.fallback
