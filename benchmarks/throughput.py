@@ -6,7 +6,9 @@ a CPU, which has no bf16 matrix units):
 - ``plain eager`` / ``plain compiled``: a reference loop over slimpar's ``Llama`` (forward, cross-entropy, backward,
   AdamW), eager and with every block compiled (``slimpar.parallel.compile.apply_compile``), in this process;
 - ``train eager`` / ``train compiled``: ``slimpar train --parallel.mode single`` in a fresh process, without and with
-  ``--train.compile true`` (``train compiled, loss`` adds ``--train.compile_scope loss``).
+  ``--train.compile true`` (``train compiled, loss`` adds ``--train.compile_scope loss``);
+- ``virtual pipeline, none`` / ``MAPL 4x`` / ``MAPL 16x + RVQ``: the same model as a 4-stage virtual pipeline (one
+  process, 4 microbatches in one pass), eager: what the stages and each codec cost next to ``train eager``.
 
 Step time is the median over the steps after the warm-up (compilation happens there): on a GPU each plain step
 ends with ``torch.cuda.synchronize``, and the trainer synchronizes each step itself (its metrics.jsonl). The
@@ -88,8 +90,17 @@ def plain_row(shape: Shape, device: torch.device, backend: str | None) -> dict:
             "host_syncs": counter.count.total, "peak_mem_bytes": peak}
 
 
-TRAIN_ROWS = {"train eager": [], "train compiled": ["--train.compile", "true"],
-              "train compiled, loss": ["--train.compile", "true", "--train.compile_scope", "loss"]}
+TRAINER_ROWS = ("train eager", "train compiled", "train compiled, loss")
+PIPELINE_ROWS = ("virtual pipeline, none", "virtual pipeline, MAPL 4x", "virtual pipeline, MAPL 16x + RVQ")
+# all 4 blocks as 4 stages in one process, 4 microbatches a step (one pass): a codec's cost next to the stages'
+VIRTUAL = ["--parallel.mode", "pipeline", "--parallel.workers", "1", "--pipeline.virtual", "true",
+           "--pipeline.stages", "4", "--pipeline.microbatches", "4"]
+TRAIN_ROWS = {"train eager": [], "train compiled": ["--train.compile", "true"],  # in the order of the table
+              "train compiled, loss": ["--train.compile", "true", "--train.compile_scope", "loss"],
+              "virtual pipeline, none": VIRTUAL,
+              "virtual pipeline, MAPL 4x": [*VIRTUAL, "--pipeline.codec", "mapl", "--pipeline.compression", "4"],
+              "virtual pipeline, MAPL 16x + RVQ": [*VIRTUAL, "--pipeline.codec", "mapl", "--pipeline.compression", "16",
+                                                   "--pipeline.rvq.levels", "2"]}
 
 
 def train_overrides(shape: Shape, device: str, corpus: Path, backend: str) -> list[str]:
@@ -150,8 +161,9 @@ def _mib(b) -> str:
 
 
 def bench_throughput(out: Path, size: str = "tiny", device: str = "cpu", quick: bool = False,
-                     backend: str = "inductor") -> dict:
-    """Every row, then results.json and report.md in ``out``."""
+                     backend: str = "inductor", train_rows: tuple[str, ...] | None = None) -> dict:
+    """The plain rows and the trainer rows ``train_rows`` (default: all of ``TRAIN_ROWS``), then results.json and
+    report.md in ``out``."""
     from benchmarks.gpu_check import corpus
 
     shape, dev = Shape.of(size, quick), torch.device(device)
@@ -160,7 +172,7 @@ def bench_throughput(out: Path, size: str = "tiny", device: str = "cpu", quick: 
     rows = {"plain eager": plain_row(shape, dev, None), "plain compiled": plain_row(shape, dev, backend)}
     (out / "runs").mkdir(exist_ok=True)
     text = corpus(out / "runs")
-    for name in TRAIN_ROWS:
+    for name in TRAIN_ROWS if train_rows is None else train_rows:
         rows[name] = train_row(name, shape, device, text, backend, out)
     lines = finish(rows, shape, dev)
     load.append(os.getloadavg()[0])

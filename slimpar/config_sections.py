@@ -157,6 +157,9 @@ class PipelineConfig:
     sync_dtype: str = "int8"  # int8 | bf16 | fp32: how each end's part of A's gradient is exchanged
     tied_sync_dtype: str = "fp32"  # fp32 (exact) | bf16 | int8: the same for a tied embedding/head's gradient parts
     virtual: bool = False  # run all stages in one process (no process group)
+    # a virtual pipeline runs a step's microbatches in one pass through the stages (the same step, to rounding, with
+    # the same messages and bytes; docs/pipeline.md); true keeps the microbatched schedule, microbatch by microbatch
+    virtual_microbatched: bool = False  # virtual pipeline: each microbatch through every stage in turn (slower)
     projector_init: str = _CD.projector_init  # auto (pca for mapl with r < d, else random) | random (Gaussian QR) | pca
     pca_batches: int = 1  # training batches whose boundary activations the pca start uses
     spel_schedule: str = "constant"  # constant | model (the model's warm-up + cosine) | cosine (own, no warm-up)

@@ -59,7 +59,7 @@ class SyncMessage:
 
     def nbytes(self) -> int:
         """Exact bytes on the wire: header + (delta) row ids + float32 values."""
-        index_bytes = torch.empty((), dtype=row_index_dtype(self.num_rows)).element_size()
+        index_bytes = row_index_dtype(self.num_rows).itemsize
         n, dim = self.values.shape
         ids = n * index_bytes if self.kind == "delta" else 0
         return HEADER_NUMEL * 8 + ids + n * dim * 4
@@ -135,26 +135,39 @@ class CodebookSender:
         self._sent_version = -1
         self.bytes_sent = 0
         self.messages = {kind: 0 for kind in KINDS}
+        self._none: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def message(self, step: int) -> SyncMessage:
         """The message bringing the receiver to the sender's current codebook (call after each forward)."""
-        table = self.rvq.codebooks.detach().reshape(-1, self.rvq.dim).to(VALUE_DTYPE)  # (Q·K, dim)
-        version = self.rvq.version
-        if self._snapshot is None or (self.full_every and step % self.full_every == 0):
-            msg = self._full(table, version)
-        elif version == self._sent_version:  # nothing changed: no diff, so no wait for the device
-            empty = table[:0]
-            msg = SyncMessage(version, version, "none", torch.zeros(0, dtype=torch.int64, device=table.device),
-                              empty.clone(), table.shape[0])
+        version, num_rows = self.rvq.version, self.rvq.levels * self.rvq.codebook_size
+        full = self._snapshot is None or (self.full_every and step % self.full_every == 0)
+        if not full and version == self._sent_version:  # nothing changed: no diff, so no wait for the device
+            msg = SyncMessage(version, version, "none", *self._empty(), num_rows)
         else:
-            diff = (table.view(torch.int32) != self._snapshot.view(torch.int32)).any(1)  # (Q·K,)
-            rows = diff.nonzero().squeeze(1)  # the one wait for the device: the delta's length
-            msg = SyncMessage(version, self._sent_version, "delta", rows, table[rows].clone(), table.shape[0])
-            self._snapshot[rows] = table[rows]
+            msg = self._changes(version, full)
         self._sent_version = version
         self.bytes_sent += msg.nbytes()
         self.messages[msg.kind] += 1
         return msg
+
+    def _changes(self, version: int, full: bool) -> SyncMessage:
+        """A "full" message, or a "delta" with the rows that differ from the table last sent."""
+        table = self.rvq.codebooks.detach().reshape(-1, self.rvq.dim).to(VALUE_DTYPE)  # (Q·K, dim)
+        if full:
+            return self._full(table, version)
+        diff = (table.view(torch.int32) != self._snapshot.view(torch.int32)).any(1)  # (Q·K,)
+        rows = diff.nonzero().squeeze(1)  # the one wait for the device: the delta's length
+        msg = SyncMessage(version, self._sent_version, "delta", rows, table[rows].clone(), table.shape[0])
+        self._snapshot[rows] = table[rows]
+        return msg
+
+    def _empty(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A "none" message's rows and values: empty, on the codebook's device, made once (nothing writes them)."""
+        device = self.rvq.codebooks.device
+        if self._none is None or self._none[0].device != device:
+            self._none = (torch.zeros(0, dtype=torch.int64, device=device),
+                          torch.zeros(0, self.rvq.dim, dtype=VALUE_DTYPE, device=device))
+        return self._none
 
     def _full(self, table: torch.Tensor, version: int) -> SyncMessage:
         self._snapshot = table.clone()

@@ -169,25 +169,33 @@ class ResidualVQ(nn.Module):
         self.pending_forwards = 0  # training forwards whose statistics wait in the pending buffers
 
     # -- public API -------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (..., dim) -> (quantized (..., dim) in x.dtype, indices (..., Q) int64, commit_loss scalar)."""
+    def forward(self, x: torch.Tensor, windows: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., dim) -> (quantized (..., dim) in x.dtype, indices (..., Q) int64, commit_loss scalar).
+
+        ``windows`` n > 1: x is n training forwards' inputs joined along dim 0 (equal parts, in order), and this
+        call does what those n forwards would: k-means starts on the first part, the statistics of all n join
+        the pending window, dead-code candidates come from the last part with its key, and ``steps`` advances
+        by n. Nothing changes the codebook between the parts (an update starts a forward only), so the indices
+        are the n forwards' and the commitment loss is the mean of theirs (equal parts)."""
         if x.shape[-1] != self.dim:
             raise ValueError(f"last dimension {x.shape[-1]} != dim {self.dim}")
         flat = x.detach().reshape(-1, self.dim).float()  # (N, D)
+        if flat.shape[0] % windows:
+            raise ValueError(f"{flat.shape[0]} vectors do not split into {windows} equal forwards")
         if self.training:
             with torch.no_grad():
                 if not self.initialized:
-                    self.init_codebooks(flat)
+                    self.init_codebooks(flat[:flat.shape[0] // windows])
                 elif self.pending_forwards >= self.update_every:
                     self.apply_pending_update()
         elif not self.initialized:
             raise RuntimeError("ResidualVQ is not initialised: run a training forward or init_codebooks()")
         with torch.no_grad():
-            idx = self._assign(flat, collect=self.training)  # (N, Q)
+            idx = self._assign(flat, collect=self.training, windows=windows)  # (N, Q)
             q = decode_indices(self.codebooks, idx)  # (N, D) float32
         commit = self.commitment * (x.reshape(-1, self.dim).float() - q).pow(2).sum(-1).mean()
         if self.training:
-            self.steps += 1
+            self.steps += windows
         quantized = straight_through(x, q.reshape(x.shape))
         return quantized, idx.reshape(*x.shape[:-1], self.levels), commit
 
@@ -269,30 +277,35 @@ class ResidualVQ(nn.Module):
         )
 
     # -- internals --------------------------------------------------------------------------------
-    def _assign(self, flat: torch.Tensor, collect: bool) -> torch.Tensor:
-        """Greedy residual assignment (N, D) -> (N, Q); with ``collect`` record the EMA statistics."""
+    def _assign(self, flat: torch.Tensor, collect: bool, windows: int = 1) -> torch.Tensor:
+        """Greedy residual assignment (N, D) -> (N, Q); with ``collect`` record the EMA statistics of ``windows``
+        forwards (equal parts of the rows)."""
         residual = flat  # (N, D)
         idx = torch.empty(flat.shape[0], self.levels, dtype=torch.int64, device=flat.device)  # (N, Q)
         for q in range(self.levels):
             i = nearest_code(residual, self.codebooks[q])  # (N,)
             idx[:, q] = i
             if collect:
-                self._collect(q, residual, i)
+                self._collect(q, residual, i, windows)
             residual = residual - self.codebooks[q].index_select(0, i)
-        self.pending_forwards += int(collect)
+        self.pending_forwards += windows if collect else 0
         return idx
 
-    def _collect(self, q: int, residual: torch.Tensor, assign: torch.Tensor) -> None:
-        """Add the batch counts n_k and sums s_k of level q to the window; keep K random candidate residuals."""
-        n, k = residual.shape[0], self.codebook_size
+    def _collect(self, q: int, residual: torch.Tensor, assign: torch.Tensor, windows: int = 1) -> None:
+        """Add the batch counts n_k and sums s_k of level q to the window; keep K random candidate residuals
+        (of the last of ``windows`` forwards, drawn with that forward's key)."""
+        k = self.codebook_size
         if not self.pending_forwards:  # the first forward of a window
             self.pending_counts[q].zero_()
             self.pending_sums[q].zero_()
         self.pending_counts[q].add_(code_counts(assign, k))
         self.pending_sums[q].index_add_(0, assign, residual)
+        n = residual.shape[0] // windows
         if n == 0:
             return
-        self.pending_pool[q].copy_(residual[seeded_rows(n, k, self._key(_POOL_PURPOSE + q), residual.device)])
+        last = residual[residual.shape[0] - n:] if windows > 1 else residual  # (n, D): the last forward's rows
+        key = self._key(_POOL_PURPOSE + q, ahead=windows - 1)
+        self.pending_pool[q].copy_(last[seeded_rows(n, k, key, residual.device)])
 
     def _ema_level(self, q: int, n: int) -> torch.Tensor:
         """EMA step of level q over a window of n forwards, then dead-code replacement; (K,) changed."""
@@ -316,6 +329,7 @@ class ResidualVQ(nn.Module):
         self.changed.copy_(mask)
         self.version += 1
 
-    def _key(self, purpose: int) -> int:
-        """The sampling key of (seed, steps, purpose): randomness is a pure function of them."""
-        return ((self.seed * 1_000_003 + self.steps) * 65_537 + purpose) % (1 << 32)
+    def _key(self, purpose: int, ahead: int = 0) -> int:
+        """The sampling key of (seed, steps, purpose): randomness is a pure function of them (``ahead``: of the
+        training forward that many after the current one)."""
+        return ((self.seed * 1_000_003 + self.steps + ahead) * 65_537 + purpose) % (1 << 32)

@@ -25,7 +25,15 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.adamw import adamw
 
-from slimpar.codecs.stiefel import BACKENDS, DEFAULT_POLAR_STEPS, msign, orth_error_tensor, pinned_fp32, tangent_project
+from slimpar.codecs.stiefel import (
+    BACKENDS,
+    DEFAULT_POLAR_STEPS,
+    msign,
+    orth_error_tensor,
+    pinned_fp32,
+    sym,
+    tangent_project,
+)
 from slimpar.optim.adamw import adamw_kernels
 
 # ξ counts as zero when ‖ξ‖_F ≤ TANGENT_RTOL·‖M‖_F: at that level the tangent part is fp32 rounding
@@ -91,11 +99,36 @@ def spel_step(
         A.copy_(torch.where(moves, msign(A32 - lr * D, backend=backend, steps=polar_steps), A32))
 
 
+@torch.no_grad()
+def spel_steps(As: list[Tensor], grads: list[Tensor], momentum_bufs: list[Tensor], lr: float, beta: float,
+               backend: str = "polar_express", polar_steps: int = DEFAULT_POLAR_STEPS) -> None:
+    """:func:`spel_step` on n parameters of one shape (d, r) as one batch (n, d, r): the same update, with the
+    batch's matrix products in single batched kernels (the launches of one A for all n; the values those of
+    :func:`spel_step` to rounding, not bit for bit). The ``As`` (fp32) and the momentum buffers change in place.
+    """
+    with pinned_fp32(As[0].device.type):
+        torch._foreach_mul_(momentum_bufs, beta)
+        torch._foreach_add_(momentum_bufs, [g.to(b.dtype) for g, b in zip(grads, momentum_bufs, strict=True)],
+                            alpha=1.0 - beta)
+        M = torch.stack(momentum_bufs).to(torch.float32)  # (n, d, r), contiguous
+        A32 = torch.stack(As)  # (n, d, r)
+        xi = torch.baddbmm(M, A32, sym(torch.bmm(A32.mT, M)), alpha=-1.0)  # M − A sym(AᵀM), batched
+        moves = torch.linalg.matrix_norm(xi) > TANGENT_RTOL * torch.linalg.matrix_norm(M)  # (n,) bool
+        D = msign(xi, backend=backend, steps=polar_steps)  # (n, d, r)
+        new = torch.where(moves[:, None, None], msign(torch.add(A32, D, alpha=-lr), backend=backend,
+                                                      steps=polar_steps), A32)
+        torch._foreach_copy_(As, list(new.unbind(0)))
+
+
 class SPELAdamW(Optimizer):
     """SPEL on parameter groups marked ``{"manifold": "stiefel"}``, AdamW on every other group.
 
     Stiefel groups read ``lr`` (η, spectral step length), ``momentum`` (β), ``backend``
-    ("polar_express" | "eigh") and ``polar_steps``; ``betas``, ``eps`` and ``weight_decay`` do not
+    ("polar_express" | "eigh"), ``polar_steps`` and ``batched`` (default False: True steps the group's parameters
+    of one shape as one batch, :func:`spel_steps`: a few dozen launches for all of them instead of a few hundred
+    each, equal to the one-by-one update to rounding, not bit for bit; so only where every copy of a shared A is
+    in the group, as in the virtual pipeline: ranks holding copies in different batches could part by rounding,
+    which the checksums would then repair); ``betas``, ``eps`` and ``weight_decay`` do not
     apply to them (the manifold constraint replaces weight decay). Other groups use ``lr``, ``betas``,
     ``eps``, ``weight_decay`` exactly as ``torch.optim.AdamW`` (decoupled decay, bias correction).
 
@@ -126,6 +159,7 @@ class SPELAdamW(Optimizer):
             backend=backend,
             polar_steps=polar_steps,
             manifold=None,
+            batched=False,
         )
         self._last_orth: Tensor | None = None
         self.last_spel_seconds = 0.0
@@ -180,22 +214,37 @@ class SPELAdamW(Optimizer):
         start = time.perf_counter()
         devices: set[torch.device] = set()
         for group in groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                A = self._fp32_copy(p)
-                spel_step(A, p.grad, self.state[p]["momentum"], group["lr"], group["momentum"], group["backend"],
-                          group["polar_steps"])
-                if A is not p:
-                    p.copy_(A)
-                devices.add(p.device)
-        # every Stiefel parameter, frozen ones too (a frozen A must stay orthogonal as well)
-        errors = [orth_error_tensor(self.state[p].get("master", p)) for g in groups for p in g["params"]]
-        self._last_orth = torch.stack([e.to(errors[0].device) for e in errors]).max() if errors else None
+            stepped = [p for p in group["params"] if p.grad is not None]
+            for batch in _batches(stepped) if group["batched"] else [[p] for p in stepped]:
+                self._spel(batch, group)
+            devices.update(p.device for p in stepped)
+        self._last_orth = self._orth_error(groups)
         for device in devices:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         return time.perf_counter() - start
+
+    def _spel(self, params: list[Tensor], group: dict[str, Any]) -> None:
+        """SPEL on ``params`` (one of them, or a batch of one shape, device and dtype)."""
+        As = [self._fp32_copy(p) for p in params]
+        bufs = [self.state[p]["momentum"] for p in params]
+        args = (group["lr"], group["momentum"], group["backend"], group["polar_steps"])
+        if len(params) == 1:
+            spel_step(As[0], params[0].grad, bufs[0], *args)
+        else:
+            spel_steps(As, [p.grad for p in params], bufs, *args)
+        for A, p in zip(As, params, strict=True):
+            if A is not p:
+                p.copy_(A)
+
+    def _orth_error(self, groups: list[dict[str, Any]]) -> Tensor | None:
+        """max ‖AᵀA − I‖_F over every Stiefel parameter, frozen ones too (a frozen A must stay orthogonal as
+        well), a batch of one shape at a time in batched groups."""
+        masters = [[self.state[p].get("master", p) for p in g["params"]] for g in groups]
+        errors = [orth_error_tensor(torch.stack(b) if len(b) > 1 else b[0])
+                  for g, ms in zip(groups, masters, strict=True) for b in (_batches(ms) if g["batched"] else
+                                                                            [[m] for m in ms])]
+        return torch.stack([e.to(errors[0].device) for e in errors]).max() if errors else None
 
     def _fp32_copy(self, p: Tensor) -> Tensor:
         """The fp32 A that SPEL steps: ``p`` itself, or for a low-precision ``p`` (bf16 parameters) an fp32
@@ -219,6 +268,14 @@ class SPELAdamW(Optimizer):
     def last_orth_tensor(self) -> Tensor | None:
         """The same as a 0-d device tensor (None before any SPEL step), without waiting for the device."""
         return self._last_orth
+
+
+def _batches(params: list[Tensor]) -> list[list[Tensor]]:
+    """``params`` grouped by (shape, dtype, device), in first-seen order: what one batched SPEL step can take."""
+    out: dict[tuple, list[Tensor]] = {}
+    for p in params:
+        out.setdefault((tuple(p.shape), p.dtype, p.device), []).append(p)
+    return list(out.values())
 
 
 def _validate_group(group: dict[str, Any]) -> None:

@@ -39,8 +39,8 @@ from slimpar.codecs.codebook_sync import (
 from slimpar.codecs.packing import bits_for, ids_to_payload, pack_indices, packed_nbytes, payload_to_ids, unpack_indices
 from slimpar.codecs.projector import StiefelProjector
 from slimpar.codecs.rvq import ResidualVQ
-from slimpar.pipeline.spec import CodecSpec, StageContext
-from slimpar.pipeline.wire import Message, Packet, WireSpec
+from slimpar.pipeline.spec import WHOLE_BATCH, CodecSpec, StageContext
+from slimpar.pipeline.wire import Message, Packet, WireSpec, split_batch, split_packets
 
 # a codebook change where the sender's schedule has none: the two ends' rvq settings or microbatches differ
 _UNEXPECTED = ("a codebook header between two steps' first microbatches was not 'none' at the version held: the "
@@ -133,34 +133,43 @@ class BoundaryEncoder(_Half):
         self.messages = 0  # training messages sent: paces the full codebook pushes
 
     def forward(self, h: Tensor) -> Tensor:
-        """h (mb, T, d) -> out (mb, T, w); the wire message goes to ``outbox[context.microbatch]``."""
+        """h (mb, T, d) -> out (mb, T, w); the wire message goes to ``outbox[context.microbatch]``.
+
+        For the whole batch of a one-pass step (``context.microbatch`` is ``WHOLE_BATCH``, h (b, T, d)), the
+        messages of its M microbatches go to ``outbox[0..M−1]``, each what the microbatch's forward would send."""
+        whole = self.context.microbatch == WHOLE_BATCH
+        parts = self.context.microbatches if whole else 1
         ids = self.context.current_ids() if self.spec.needs_ids else None
         x = h - self.anchor(ids) if self.anchor is not None else h
         x = self.projector.down(x) if self.projector is not None else x  # (mb, T, w)
-        out, msg = self._encode(x)
+        out, msgs = self._encode(x, parts)
         if self.spec.sends_ids:
-            msg.fixed.append(Packet("ids", _ids_to_wire(ids, self.spec.ids_dtype)))
-        self.outbox[self.context.microbatch] = msg
+            for msg, part in zip(msgs, split_batch(_ids_to_wire(ids, self.spec.ids_dtype), parts), strict=True):
+                msg.fixed.append(Packet("ids", part))
+        for m, msg in zip(range(parts) if whole else [self.context.microbatch], msgs, strict=True):
+            self.outbox[m] = msg
         return out
 
-    def _encode(self, x: Tensor) -> tuple[Tensor, Message]:
+    def _encode(self, x: Tensor, parts: int) -> tuple[Tensor, list[Message]]:
         if self.rvq is not None:
-            return self._quantize(x)
+            return self._quantize(x, parts)
         out, packets = self.spec.codec.cast.encode(x)
-        return out, Message(packets)
+        return out, [Message(p) for p in split_packets(packets, parts)]
 
-    def _quantize(self, c: Tensor) -> tuple[Tensor, Message]:
-        q, idx, commit = self.rvq(c)  # (mb, T, r), (mb, T, Q), scalar
-        msg = Message([Packet("payload", pack_indices(idx, bits_for(self.spec.rvq.codebook), check=False))])
+    def _quantize(self, c: Tensor, parts: int) -> tuple[Tensor, list[Message]]:
+        q, idx, commit = self.rvq(c, windows=parts)  # (mb, T, r), (mb, T, Q), scalar
+        msgs = [Message([Packet("payload", packed)]) for packed in _packed_parts(idx, bits_for(self.spec.rvq.codebook),
+                                                                                 parts)]
         if self.training:
-            sync = self.codebook.message(self.messages)
-            self.messages += 1
-            header, *tail = sync.to_tensors()
-            msg.fixed.append(Packet("codebook", header.to(c.device)))
-            msg.extra = [Packet("codebook", t) for t in tail]
+            for msg in msgs:  # a message per forward: the first of a step may bring rows, the others are "none"
+                sync = self.codebook.message(self.messages)
+                self.messages += 1
+                header, *tail = sync.to_tensors()
+                msg.fixed.append(Packet("codebook", header.to(c.device)))
+                msg.extra = [Packet("codebook", t) for t in tail]
             if self.spec.rvq.commitment > 0 and torch.is_grad_enabled():
                 q = inject_loss(q, commit)
-        return q, msg
+        return q, msgs
 
     def decode_grad(self, tensors: list[Tensor]) -> Tensor:
         return grad_decode(self.spec, tensors)
@@ -221,7 +230,7 @@ class BoundaryDecoder(_Half):
         self._header = header.tolist()  # the one wait, once per step
 
     def _expect_none(self, header: Tensor) -> None:
-        """Assert on the device that an unread header is "none" at the version this end holds."""
+        """Assert on the device that an unread header (or a stack of them) is "none" at the version this end holds."""
         want = torch.zeros(HEADER_NUMEL, dtype=header.dtype, device=header.device)
         want[0] = want[1] = self.codebook.version
         torch._assert_async((header == want).all(), _UNEXPECTED)
@@ -232,22 +241,57 @@ class BoundaryDecoder(_Half):
         if s.sends_ids:
             self.context.ids[self.context.microbatch] = _wire_to_ids(fixed[-1])
         if s.rvq is not None:
-            if self.codebook.codebooks.device != fixed[0].device:  # not a buffer: follow the wire's device
-                self.codebook.codebooks = self.codebook.codebooks.to(fixed[0].device)
-            version = self.codebook.version
-            if self.training and self._header is None and self.reads_header():  # the caller skipped extra_spec
-                self._read_header(fixed[1])
-            if self.training and self._header is None:  # not read on the host: "none" by the schedule
-                self._expect_none(fixed[1])
-            elif self.training:
-                msg = SyncMessage.from_tensors([fixed[1], *extra], s.rvq.levels * s.rvq.codebook, s.rank,
-                                               header_values=self._header)
-                self.codebook.apply(msg)
-                version = msg.version
-                self._header = None
+            version = self._sync_codebook(fixed, extra)
             idx = unpack_indices(fixed[0], bits_for(s.rvq.codebook), (*shape, s.rvq.levels))
             return self.codebook.decode(idx, version)  # (mb, T, r): the sender's q, bit for bit
         return s.codec.cast.decode(fixed)
+
+    def decode_parts(self, messages: list[tuple[list[Tensor], list[Tensor]]], shape: tuple[int, int]) -> Tensor:
+        """The sender's ``out`` (b, T, w) of a one-pass step from its M microbatches' messages (fixed, extra), each
+        (mb, T) = ``shape``, read in order as the schedule reads them; an RVQ's indices unpacked and decoded once."""
+        if self.spec.rvq is None:
+            parts = []
+            for m, (fixed, extra) in enumerate(messages):
+                self.context.microbatch = m
+                parts.append(self.decode(fixed, extra, shape))
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
+        s, versions, unread = self.spec, set(), []
+        for m, (fixed, extra) in enumerate(messages):
+            self.context.microbatch = m
+            if s.sends_ids:
+                self.context.ids[m] = _wire_to_ids(fixed[-1])
+            versions.add(self._sync_codebook(fixed, extra, unread))
+        if unread:
+            self._expect_none(torch.stack(unread))  # one device-side check for the step's unread headers
+        (version,) = versions  # a step's microbatches are quantized with one codebook (virtual.one_pass_blocker)
+        bits, levels = bits_for(s.rvq.codebook), s.rvq.levels
+        whole = (len(messages) * shape[0], shape[1], levels)
+        if shape[0] * shape[1] * levels * bits % 8 == 0:  # each part's stream ends on a byte: one stream
+            idx = unpack_indices(torch.cat([fixed[0] for fixed, _ in messages]), bits, whole)
+        else:
+            idx = torch.cat([unpack_indices(fixed[0], bits, (*shape, levels)) for fixed, _ in messages])
+        return self.codebook.decode(idx, version)  # (b, T, r)
+
+    def _sync_codebook(self, fixed: list[Tensor], extra: list[Tensor], unread: list[Tensor] | None = None) -> int:
+        """Apply a training message's codebook header (and rows) for the current microbatch; the version to decode
+        its indices with. A header not read on the host is checked on the device, or left in ``unread`` to check."""
+        s = self.spec
+        if self.codebook.codebooks.device != fixed[0].device:  # not a buffer: follow the wire's device
+            self.codebook.codebooks = self.codebook.codebooks.to(fixed[0].device)
+        version = self.codebook.version
+        if self.training and self._header is None and self.reads_header():  # the caller skipped extra_spec
+            self._read_header(fixed[1])
+        if self.training and self._header is None and unread is not None:  # not read on the host: "none" by the
+            unread.append(fixed[1])  # schedule, checked by the caller with the step's others
+        elif self.training and self._header is None:
+            self._expect_none(fixed[1])
+        elif self.training:
+            msg = SyncMessage.from_tensors([fixed[1], *extra], s.rvq.levels * s.rvq.codebook, s.rank,
+                                           header_values=self._header)
+            self.codebook.apply(msg)
+            version = msg.version
+            self._header = None
+        return version
 
     def forward(self, act: Tensor) -> Tensor:
         """out (mb, T, w) -> ĥ (mb, T, d) = up(out) + o(t)."""
@@ -258,6 +302,14 @@ class BoundaryDecoder(_Half):
 
     def encode_grad(self, g: Tensor) -> list[Packet]:
         return grad_packets(self.spec, g)
+
+
+def _packed_parts(idx: Tensor, bits: int, parts: int) -> list[Tensor]:
+    """The packed indices of each of ``parts`` equal microbatches of idx (b, T, Q): one packing of the whole, cut
+    at the parts' bytes, where every part ends on a byte boundary (then the streams are the same bytes)."""
+    if parts > 1 and idx[0].numel() * (idx.shape[0] // parts) * bits % 8 == 0:
+        return split_batch(pack_indices(idx, bits, check=False), parts)
+    return [pack_indices(i, bits, check=False) for i in split_batch(idx, parts)]
 
 
 def _ids_to_wire(ids: Tensor, dtype: torch.dtype) -> Tensor:

@@ -186,14 +186,26 @@ def resolve_spec(codec: str, *, dim: int, vocab: int, seed: int, boundary: int =
                      settings=codec_settings(codec, options, dim))
 
 
+WHOLE_BATCH = -1  # ``StageContext.microbatch`` of a one-pass step: every microbatch of the step at once
+
+
 @dataclass
 class StageContext:
-    """Per-stage runtime state shared by the stage's codec halves: the current microbatch and its ids."""
+    """Per-stage runtime state shared by the stage's codec halves: the current microbatch and its ids.
+
+    ``microbatch`` is ``WHOLE_BATCH`` while the virtual pipeline runs a step's ``microbatches`` in one pass
+    (virtual.py): the codec halves then work on the whole (b, T) batch and split its messages per microbatch."""
 
     microbatch: int = 0
     ids: dict[int, Tensor] = field(default_factory=dict)  # microbatch -> (mb, T) int64 token ids
+    microbatches: int = 1  # the step's microbatch count M (how a one-pass message splits)
+    batch_ids: Tensor | None = None  # (b, T) ids of the whole batch: the stage's own, or the received ones joined
 
     def current_ids(self) -> Tensor:
+        if self.microbatch == WHOLE_BATCH:
+            if self.batch_ids is None:
+                self.batch_ids = torch.cat([self.ids[m] for m in range(self.microbatches)])  # received: join them
+            return self.batch_ids
         if self.microbatch not in self.ids:
             raise RuntimeError(f"no token ids for microbatch {self.microbatch}: they were neither received "
                                "nor provided by the stage's own loader")
@@ -216,4 +228,4 @@ class StageContext:
         """Split a stage's own (b, T) token batch into the microbatches' ids (pipelining's dim-0 split);
         ``host``: the same batch on the host, if the caller has it."""
         self.ids = dict(enumerate(torch.tensor_split(x, microbatches, dim=0)))
-        self.host_ids = host
+        self.host_ids, self.microbatches, self.batch_ids = host, microbatches, x

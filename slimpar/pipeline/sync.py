@@ -67,6 +67,10 @@ def encode_part(g: Tensor, dtype: str) -> list[Tensor]:
     return [g.to(torch.bfloat16 if dtype == "bf16" else torch.float32).contiguous()]
 
 
+def grad_or_zeros(p: nn.Parameter) -> Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
 def part_specs(shape: tuple[int, ...], dtype: str, category: str) -> list[WireSpec]:
     """What ``encode_part`` makes of a gradient part of ``shape``, for preallocating its receive."""
     if dtype == "int8":
@@ -83,6 +87,27 @@ def decode_part(parts: list[Tensor], dtype: str) -> Tensor:
     if dtype == "int8":
         return Int8Codec().decode(Int8Payload(parts[0], parts[1]))
     return parts[0].float()
+
+
+def install_sum(p: nn.Parameter, s: Tensor, r: Tensor, sparse: bool | str, rows: Tensor | None) -> None:
+    """p.grad = the sender's decoded part ``s`` + the receiver's ``r`` (on the step's ``rows`` where a part covers
+    only those), in that order: identical bits on both ends."""
+    if sparse == SENDER_ROWS:  # rows of the sender's part onto the receiver's dense part
+        g = r.view_as(p).clone()
+        g[rows] = s + g[rows]
+    elif sparse:
+        g = torch.zeros_like(p)
+        g[rows] = s + r
+    else:
+        g = (s + r).view_as(p)
+    set_grad(p, g)
+
+
+def set_grad(p: nn.Parameter, g: Tensor) -> None:
+    if p.grad is None:
+        p.grad = g
+    else:  # in place: under the hybrid the gradient is a view of a sync bucket, which a new tensor here
+        p.grad.copy_(g)  # would keep alive beside it (the bucket's other views hold it) for the whole step
 
 
 class SharedParamSync:
@@ -130,24 +155,12 @@ class SharedParamSync:
         for i, (_, p, sparse) in enumerate(self._active()):
             a = decode_part(mine[n * i:n * i + n], self.dtype)
             b = decode_part(theirs[n * i:n * i + n], self.dtype)
-            s, r = (a, b) if self.role == "sender" else (b, a)
-            if sparse == SENDER_ROWS:  # rows of the sender's part onto the receiver's dense part
-                g = r.view_as(p).clone()
-                g[rows] = s + g[rows]  # identical bits on both ends
-            elif sparse:
-                g = torch.zeros_like(p)
-                g[rows] = s + r
-            else:
-                g = (s + r).view_as(p)  # identical bits on both ends
-            if p.grad is None:
-                p.grad = g
-            else:  # in place: under the hybrid the gradient is a view of a sync bucket, which a new tensor here
-                p.grad.copy_(g)  # would keep alive beside it (the bucket's other views hold it) for the whole step
+            install_sum(p, *((a, b) if self.role == "sender" else (b, a)), sparse, rows)
         self._pending = None
 
     def _part(self, p: nn.Parameter, rows: Tensor | None) -> list[Tensor]:
         """This end's gradient part of ``p`` in its wire form (``encode_part``)."""
-        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        g = grad_or_zeros(p)
         g = g[rows] if rows is not None else g  # (u, m) rows of an anchor table, or the whole (d, r)
         return encode_part(g.detach(), self.dtype)
 

@@ -46,6 +46,10 @@ class MaplTrainingSpec:
     min_lr_ratio: float = 0.1  # SPEL's cosine ends at spel_lr × this
     freeze_after: int = 0  # A is updated in steps 0..N−1 only; 0 = never frozen
     clip: str = "global"  # global | separate | none: how A's gradient enters gradient clipping
+    # SPEL steps A's copies of one shape as one batch (optim.spel.spel_steps): fewer launches, the same update to
+    # rounding. Only where every copy of each A is stepped here (one process holds the whole pipeline): two ranks
+    # batching different sets could part by rounding
+    batch_spel: bool = False
 
     def __post_init__(self) -> None:
         if self.spel_schedule not in SPEL_SCHEDULES:
@@ -63,7 +67,7 @@ def build_optimizer(module: nn.Module, params: list[nn.Parameter], spec: MaplTra
     skip = {id(p) for p in stiefel}
     rest = [p for p in params if id(p) not in skip]
     groups = [{"params": stiefel, "manifold": "stiefel", "lr": spec.spel_lr, "momentum": spec.spel_momentum,
-               "backend": spec.polar},
+               "backend": spec.polar, "batched": spec.batch_spel},
               {"params": [p for p in rest if p.dim() >= 2], "weight_decay": spec.weight_decay},
               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
     return SPELAdamW([g for g in groups if g["params"]], lr=spec.lr, betas=spec.betas, eps=1e-8,
@@ -124,8 +128,10 @@ def _sq_norm(params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
     whenever a rank holds no projector of its own (codecs without one, MAPL's last stage, whose A is the
     receiver's copy), and a zero made on the CPU beside device scalars fails ``torch.stack`` on a GPU (issue 46).
     """
-    norms = [torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None]
-    return torch.stack(norms).double().pow(2).sum() if norms else torch.zeros((), dtype=torch.float64, device=device)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return torch.stack(torch._foreach_norm(grads)).double().pow(2).sum()  # one launch for every gradient's norm
 
 
 def _scale(params: list[nn.Parameter], coef: Tensor) -> None:

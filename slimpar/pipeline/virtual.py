@@ -14,6 +14,16 @@ order, as both GPipe and 1F1B run them on every stage):
 
 Parameter gradients accumulate over microbatches in the same order as on a real pipeline, so a
 virtual run and a P-process run of the same config agree to rounding.
+
+One pass (the default, ``microbatched=False``): the same step with the whole batch through every stage
+once, so a step costs the ops of one model's step, not M of them. The loss is the mean over the batch
+(the mean of the M microbatches' means: equal microbatches), so the gradients are the schedule's sum / M
+without a division; every boundary still sends M messages each way, each the one its microbatch would
+send (the same bytes, headers and codebook messages), and decodes them into the whole batch. RVQ learns
+from the whole batch as from its M forwards (``ResidualVQ(..., windows=M)``). Where one pass is not
+the same step (``one_pass_blocker``: an RVQ that updates its codebook after every microbatch, or a
+registered codec's own wire cast, which need not act token by token), or the
+batch does not split into M equal microbatches, the step runs microbatch by microbatch.
 """
 
 from __future__ import annotations
@@ -21,17 +31,41 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from slimpar.pipeline.codec_kinds import Bf16Cast, Int8Cast, WireCast
+from slimpar.pipeline.spec import WHOLE_BATCH
 from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.sync import SharedParamSync, run_phases, tied_sync
-from slimpar.pipeline.wire import ByteCounter, LocalLink, recv_message, send_message, wait_all
+from slimpar.pipeline.sync_local import exchange_local
+from slimpar.pipeline.wire import ByteCounter, LocalLink, recv_message, send_message, split_packets, wait_all
+
+# the wire casts whose packets hold one entry per token (or sequence): a batch's packets split into its microbatches'
+PER_TOKEN_CASTS = (WireCast, Bf16Cast, Int8Cast)
+
+
+def one_pass_blocker(stages: list[StageModule]) -> str | None:
+    """Why one pass over the whole batch would not be the microbatched schedule's step; None when it is."""
+    for stage in stages:
+        enc = stage.encoder
+        if enc is None:
+            continue
+        if enc.rvq is not None and enc.spec.rvq.update_every == 0:
+            return (f"boundary {stage.stage}'s RVQ updates its codebook after every microbatch (rvq.update_every = 0), "
+                    "so each microbatch is quantized with another codebook")
+        if enc.rvq is None and type(enc.spec.codec.cast) not in PER_TOKEN_CASTS:
+            return (f"boundary {stage.stage}'s codec {enc.spec.kind!r} has a wire cast of its own, which may not act "
+                    "token by token, so a batch's message need not be its microbatches' messages")
+    return None
 
 
 class VirtualPipeline:
     """``stages`` (all P of them) connected by local links; ``loss_fn(logits, y)`` per microbatch."""
 
     def __init__(self, stages: list[StageModule], counter: ByteCounter, loss_fn, sync_dtype: str = "int8",
-                 tied_dtype: str = "fp32"):
+                 tied_dtype: str = "fp32", microbatched: bool = False):
         self.stages, self.counter, self.loss_fn = stages, counter, loss_fn
+        # why a one-pass step would not be the same step (then every step runs microbatch by microbatch)
+        self.fallback = None if microbatched else one_pass_blocker(stages)
+        self.one_pass = not microbatched and self.fallback is None
         device = next(stages[0].parameters()).device
         self.links = [LocalLink.pair(p, counter, device) for p in range(len(stages) - 1)]  # (sender, receiver)
         self.syncs: list[tuple[SharedParamSync, SharedParamSync]] = []
@@ -51,11 +85,17 @@ class VirtualPipeline:
         for s, stage in enumerate(self.stages):
             if s == 0 or not (stage.decoder is not None and stage.decoder.spec.sends_ids):
                 stage.context.set_batch(x, microbatches, host)
+            else:  # the ids arrive with the messages
+                stage.context.microbatches, stage.context.batch_ids = microbatches, None
 
     def step(self, x: Tensor, y: Tensor, microbatches: int, host: Tensor | None = None) -> Tensor:
         """Forward and backward of one (b, T) batch in ``microbatches`` microbatches; the mean loss as a float64
         scalar on the device (not read here: reading it would make a GPU wait). ``host``: ``x`` on the host."""
         self.set_batch(x, microbatches, host)
+        if self.one_pass and x.shape[0] % microbatches == 0:
+            loss = self._whole_batch(x, y, microbatches)
+            self.exchange_shared_grads()
+            return loss.double()
         losses = [self._microbatch(m, xm, ym) for m, (xm, ym) in
                   enumerate(zip(torch.tensor_split(x, microbatches), torch.tensor_split(y, microbatches),
                                 strict=True))]
@@ -87,6 +127,41 @@ class VirtualPipeline:
             torch.autograd.backward(outs[s - 1], enc.decode_grad(bufs))
         return loss.detach()
 
+    def _whole_batch(self, x: Tensor, y: Tensor, parts: int) -> Tensor:
+        """Forward and backward of the (b, T) batch in one pass; each boundary's traffic as ``parts`` microbatches'
+        messages (module docstring). Returns the batch's mean loss, detached."""
+        outs, leaves, inp = [], [], x
+        shape = (x.shape[0] // parts, x.shape[1])  # one microbatch's (mb, T)
+        for s, stage in enumerate(self.stages):
+            if s > 0:
+                inp = self.receive_whole(s - 1, shape, parts).requires_grad_(torch.is_grad_enabled())
+            stage.context.microbatch = WHOLE_BATCH
+            leaves.append(inp)
+            outs.append(stage(inp))
+            if stage.encoder is not None:
+                for m in range(parts):
+                    wait_all(send_message(self.links[s][0], stage.encoder.outbox.pop(m)))
+        loss = self.loss_fn(outs[-1], y)
+        loss.backward()
+        for s in range(len(self.stages) - 1, 0, -1):
+            for packets in split_packets(self.stages[s].decoder.encode_grad(leaves[s].grad), parts):
+                self.links[s - 1][1].isend(packets, 0)
+            enc, grads = self.stages[s - 1].encoder, []
+            for _ in range(parts):
+                bufs, handles = self.links[s - 1][0].irecv(enc.grad_spec(shape), 0)
+                wait_all(handles)
+                grads.append(enc.decode_grad(bufs))
+            torch.autograd.backward(outs[s - 1], torch.cat(grads) if parts > 1 else grads[0])
+        return loss.detach()
+
+    def receive_whole(self, boundary: int, shape: tuple[int, int], parts: int) -> Tensor:
+        """Decode boundary ``boundary``'s next ``parts`` messages ((mb, T) each) into one detached (b, T, w) tensor."""
+        dec, messages = self.stages[boundary + 1].decoder, []
+        for m in range(parts):
+            dec.context.microbatch = m  # the decoder reads the microbatch's header and ids as the schedule's would
+            messages.append(recv_message(self.links[boundary][1], dec, shape))
+        return dec.decode_parts(messages, shape).detach()
+
     def receive(self, boundary: int, shape: tuple[int, int]) -> Tensor:
         """Decode boundary ``boundary``'s next message into a detached (mb, T, w) tensor."""
         dec = self.stages[boundary + 1].decoder
@@ -94,10 +169,9 @@ class VirtualPipeline:
         return dec.decode(fixed, extra, shape).detach()
 
     def exchange_shared_grads(self) -> None:
-        ends = [e for pair in self.syncs for e in pair]
-        if not ends:
-            return
-        run_phases(ends, "post", "finish", rows=self.stages[0].context.touched_rows())
+        """Every boundary's (and a tied weight's) gradient exchange, both ends here (sync_local.py)."""
+        if self.syncs:
+            exchange_local(self.syncs, self.stages[0].context.touched_rows())
 
     def check_shared(self) -> int:
         """Checksum every boundary's shared parameters; returns how many boundaries were resynced."""

@@ -76,6 +76,20 @@ class Message:
     extra: list[Packet] = field(default_factory=list)
 
 
+def split_batch(t: Tensor, parts: int) -> list[Tensor]:
+    """``parts`` equal views of ``t`` along dim 0 (the microbatches of a one-pass step, in order)."""
+    return list(t.split(t.shape[0] // parts)) if parts > 1 else [t]
+
+
+def split_packets(packets: list[Packet], parts: int) -> list[list[Packet]]:
+    """Per-token packets of a whole batch as the ``parts`` microbatches' packets: what a microbatched schedule
+    sends, tensor for tensor (every packet is (b, ...) with one entry per token or per sequence)."""
+    if parts == 1:
+        return [packets]
+    chunks = [split_batch(p.tensor, parts) for p in packets]
+    return [[Packet(p.category, c[m]) for p, c in zip(packets, chunks, strict=True)] for m in range(parts)]
+
+
 class ByteCounter:
     """Bytes put on the wire by this process, per (boundary, direction, category): totals and last step."""
 
@@ -191,7 +205,8 @@ class LocalLink(Link):
 
     def isend(self, packets: list[Packet], tag: int) -> list:
         self.count(packets)
-        self.out.extend(p.tensor.detach().clone() for p in packets)  # a copy: the wire does not alias
+        self.out.extend((p.tensor.detach() if p.tensor.requires_grad else p.tensor).clone()  # the wire does not alias
+                        for p in packets)
         return []
 
     def irecv(self, specs: list[WireSpec], tag: int) -> tuple[list[Tensor], list]:

@@ -105,17 +105,21 @@ def _eta_run(tmp_path: Path, data, *overrides: str) -> list[list[float]]:
     cfg = load_run_config(TINY, [*BASE, "--train.steps", "7", "--checkpoint.export", "false",
                                  "--checkpoint.final", "false", "--pipeline.spel_lr", "0.02", *overrides])
     etas: list[float] = []
-    original = spel.spel_step
+    original, batched = spel.spel_step, spel.spel_steps  # the virtual pipeline steps its copies as one batch
 
     def spy(A, grad, buf, lr, *args, **kwargs):
         etas.append(lr)
         return original(A, grad, buf, lr, *args, **kwargs)
 
-    spel.spel_step = spy
+    def spy_batch(As, grads, bufs, lr, *args, **kwargs):
+        etas.extend([lr] * len(As))
+        return batched(As, grads, bufs, lr, *args, **kwargs)
+
+    spel.spel_step, spel.spel_steps = spy, spy_batch
     try:
         Trainer(cfg, RunContext(0, 1, torch.device("cpu"), tmp_path, None)).run()
     finally:
-        spel.spel_step = original
+        spel.spel_step, spel.spel_steps = original, batched
     per_step = [etas[i:i + 4] for i in range(0, len(etas), 4)]  # 2 boundaries × 2 copies of A
     return cfg, per_step
 

@@ -195,11 +195,17 @@ def test_rvq_bytes_and_receiver_decodes_match_the_sender(data, update_every: str
     enc.register_forward_hook(lambda mod, args, out: sent.append(out.detach().clone()))
     receive, message = pipe.receive, enc.codebook.message
     pipe.receive = lambda b, shape: got.append(receive(b, shape)) or got[-1]
+    dec = strat.stages[1].decoder  # one pass: the step's microbatches decoded together
+    decode_parts = dec.decode_parts
+    dec.decode_parts = lambda msgs, shape: got.extend(decode_parts(msgs, shape).split(B // 2)) or torch.cat(got[-2:])
     enc.codebook.message = lambda k: headers.append(message(k)) or headers[-1]
     for step in range(4):
         opt.zero_grad()
         strat.train_step(step, _batch_fn(data, cfg))
         opt.step()
+    # one pass (update_every 1) quantizes both microbatches in one forward: compare them microbatch by microbatch
+    assert strat.pipe.one_pass == (update_every != "0")
+    sent = [part for out in sent for part in out.split(B // 2)]
     assert len(sent) == len(got) == 8 and all(torch.equal(a, b) for a, b in zip(sent, got, strict=True))
     assert [h.kind for h in headers] == kinds  # full tables at steps 0 and 2 (sync_every = 2)
     assert len({h.version for h in headers}) == 8 - kinds.count("none")  # a header-only message: no new codebook

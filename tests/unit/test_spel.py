@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from slimpar.codecs.stiefel import random_stiefel
-from slimpar.optim.spel import SPELAdamW, spel_step
+from slimpar.optim.spel import SPELAdamW, spel_step, spel_steps
 
 BACKENDS = ["polar_express", "eigh"]
 
@@ -200,3 +200,43 @@ def test_rejects_bad_groups() -> None:
         SPELAdamW([{"params": [_stiefel_param(8, 2, 0)], "manifold": "stiefel", "backend": "qr"}])
     with pytest.raises(ValueError, match="manifold"):
         SPELAdamW([{"params": [_stiefel_param(8, 2, 0)], "manifold": "sphere"}])
+
+
+@pytest.mark.parametrize("backend", ["polar_express", "eigh"])
+def test_batched_spel_equals_one_by_one(backend: str) -> None:
+    """spel_steps on a batch of n A's (two of them copies with the same gradients, as a virtual pipeline's two
+    ends of a boundary) is spel_step on each, to rounding; the copies stay bitwise equal."""
+    g = torch.Generator().manual_seed(3)
+    As = [random_stiefel(48, 12, g) for _ in range(3)]
+    As.append(As[0].clone())
+    grads = [[torch.randn(48, 12, generator=g) for _ in range(4)] for _ in range(3)]
+    for step in grads:
+        step[3] = step[0].clone()
+    alone, batch = [a.clone() for a in As], [a.clone() for a in As]
+    bufs_alone, bufs_batch = [torch.zeros(48, 12) for _ in As], [torch.zeros(48, 12) for _ in As]
+    for step in grads:
+        for A, G, buf in zip(alone, step, bufs_alone, strict=True):
+            spel_step(A, G, buf, 0.05, 0.9, backend)
+        spel_steps(batch, step, bufs_batch, 0.05, 0.9, backend)
+    for a, b in zip(alone, batch, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
+        assert torch.linalg.matrix_norm(b.T @ b - torch.eye(12)) < 1e-5
+    assert torch.equal(batch[0], batch[3])
+    assert not torch.allclose(batch[0], As[0], atol=1e-3)  # A moved
+
+
+def test_batched_group_steps_like_the_unbatched_one() -> None:
+    g = torch.Generator().manual_seed(4)
+    params = [nn.Parameter(random_stiefel(32, 8, g)) for _ in range(2)] + [nn.Parameter(random_stiefel(32, 4, g))]
+    twins = [nn.Parameter(p.detach().clone()) for p in params]
+    opts = [SPELAdamW([{"params": ps, "manifold": "stiefel", "lr": 0.02, "batched": batched}])
+            for ps, batched in ((params, True), (twins, False))]
+    for _ in range(3):
+        for p, q in zip(params, twins, strict=True):
+            p.grad = torch.randn(p.shape, generator=g)
+            q.grad = p.grad.clone()
+        for opt in opts:
+            opt.step()
+    for p, q in zip(params, twins, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach(), atol=1e-5, rtol=0)
+    assert opts[0].last_orth_error == pytest.approx(opts[1].last_orth_error, abs=1e-6)

@@ -238,7 +238,10 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
                                                              ctx.device.type)]
         super().__init__(cfg, stages, 0, 1)
         pc = cfg.pipeline
-        self.pipe = VirtualPipeline(stages, self.counter, train_loss(cfg), pc.sync_dtype, pc.tied_sync_dtype)
+        self.pipe = VirtualPipeline(stages, self.counter, train_loss(cfg), pc.sync_dtype, pc.tied_sync_dtype,
+                                    pc.virtual_microbatched)
+        if self.pipe.fallback:
+            print(f"note: the virtual pipeline runs microbatch by microbatch: {self.pipe.fallback}", flush=True)
         self.resyncs = 0
 
     def _schedule_step(self, step: int, batch_fn) -> float:

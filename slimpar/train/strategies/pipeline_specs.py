@@ -67,4 +67,5 @@ def training_spec(cfg: Config) -> MaplTrainingSpec:
     return MaplTrainingSpec(lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay, spel_lr=pc.spel_lr,
                             spel_momentum=pc.spel_momentum, polar=pc.polar, spel_schedule=pc.spel_schedule,
                             total_steps=total_steps(cfg), min_lr_ratio=t.min_lr_ratio,
-                            freeze_after=pc.freeze_projector_after, clip=pc.clip_projector)
+                            freeze_after=pc.freeze_projector_after, clip=pc.clip_projector,
+                            batch_spel=pc.virtual)  # one process steps both copies of every A
