@@ -8,7 +8,7 @@ The grid, for W = nodes x gpus_per_node workers (every candidate uses all of the
   subnetworks), each with and without AC;
 - pipelines of P = 2, 4 and 8 stages (those that divide W; slimpar's pipelines have at most 8) times W / P
   replicas, 2P microbatches, with codec none, MAPL 4x (every byte a boundary sends at most 1/4 of none's, as the quality
-  study measured it), MAPL 8x and MAPL 16x + RVQ (r = d / K);
+  study measured it), MAPL 8x and MAPL 16x without and with RVQ (r = d / K);
 - the hybrid: 4-stage pipelines whose stage replicas run SDP at keep 1/2, with MAPL 4x.
 
 A candidate that a config rule refuses (a batch that does not split, fewer layers than stages) is kept
@@ -24,6 +24,7 @@ CODECS: dict[str, tuple[str, ...]] = {
     "none": ("--pipeline.codec", "none"),
     "MAPL 4x": ("--pipeline.codec", "mapl", "--pipeline.compression", "4", "--pipeline.compression_of", "total"),
     "MAPL 8x": ("--pipeline.codec", "mapl", "--pipeline.compression", "8"),
+    "MAPL 16x": ("--pipeline.codec", "mapl", "--pipeline.compression", "16"),
     "MAPL 16x + RVQ": ("--pipeline.codec", "mapl", "--pipeline.compression", "16", "--pipeline.rvq.levels", "2"),
 }
 _AC = ("--train.activation_checkpointing", "true")

@@ -35,6 +35,7 @@ SOURCES: dict[str, list[tuple[str, str, str]]] = {
     "sdp forward 0.375": [("quality", "sdp", "B-SDP 3/8")],
     "pipeline MAPL 4x": [("tuned", "length", "MAPL 4x at {steps} steps")],
     "pipeline MAPL 8x": [("quality", "mapl", "MAPL 8x + all changes")],
+    "pipeline MAPL 16x": [("quality", "mapl", "MAPL 16x + all changes (no RVQ)")],
     "pipeline MAPL 16x + RVQ": [("quality", "mapl", "MAPL 16x + RVQ + all changes")],
 }
 
