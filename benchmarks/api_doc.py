@@ -38,9 +38,9 @@ _INTRO = f"""# API reference
 What each library package of slimpar exports (its `__all__`): every name with its kind, its signature (a class's
 constructor; a dataclass's fields, with the comment beside each in the source) and the first paragraph of its
 docstring. A submodule is listed with the first paragraph of its docstring and the names it defines; open it for the
-rest. The trainer (`slimpar.train`) and the
-commands (`slimpar.commands`) are the application behind `slimpar train`, `slimpar eval` and the other commands, not
-libraries, so they are not listed here; [architecture.md](architecture.md) places every package in its layer.
+rest. The trainer (`slimpar.train`) and the commands (`slimpar.commands`) are the application behind `slimpar train`,
+`slimpar eval` and the other commands, not libraries, so they are not listed here; [architecture.md](architecture.md)
+places every package in its layer.
 """
 
 
