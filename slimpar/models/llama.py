@@ -18,6 +18,8 @@ from torch import nn
 
 @dataclass
 class LlamaConfig:
+    """The shape of a LLaMA-style decoder: vocabulary, width, depth, heads (GQA when ``n_kv_heads`` < ``n_heads``)."""
+
     vocab_size: int = 4096
     dim: int = 64
     n_layers: int = 4

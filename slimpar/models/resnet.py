@@ -19,6 +19,8 @@ from torch import nn
 
 @dataclass
 class ResNetConfig:
+    """The shape of a CIFAR-stem ResNet: channels and BasicBlocks per stage, classes, input channels."""
+
     widths: tuple[int, ...] = (64, 128, 256, 512)  # output channels of each stage
     blocks: tuple[int, ...] = (2, 2, 2, 2)  # BasicBlocks per stage
     num_classes: int = 10  # classifier outputs

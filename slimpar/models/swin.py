@@ -23,6 +23,8 @@ MASK_VALUE = -100.0  # additive logit for cross-region pairs of a shifted window
 
 @dataclass
 class SwinConfig:
+    """The shape of a Swin-Tiny-style classifier: image and patch size, widths, depths, heads, window."""
+
     img_size: int = 32  # input height = width; padded inside the model when the grid would not divide
     in_channels: int = 3  # 1 for Fashion-MNIST, 3 for CIFAR
     num_classes: int = 10  # classifier outputs

@@ -47,6 +47,8 @@ ProjectorBuilder = Callable[[int, int, int, int, bool, str, "Tensor | None"], nn
 
 @dataclass(frozen=True)
 class CodecKind:
+    """One kind of boundary codec: how its tensor crosses (a cast), its projector, its traits and its settings."""
+
     name: str  # the ``pipeline.codec`` / ``CodecSpec.kind`` value
     cast: WireCastLike | None = None  # how the float tensor crosses; None: ``build_cast`` makes it from settings
     projector: ProjectorBuilder | None = None  # d -> r per token; None: all d numbers cross

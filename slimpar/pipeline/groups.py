@@ -22,6 +22,8 @@ from slimpar.parallel.groups import GroupFactory
 
 @dataclass(frozen=True)
 class PipelineLayout:
+    """Where a rank sits: P ``stages`` × R ``replicas``, global rank g runs stage g % P of replica g // P."""
+
     stages: int  # P
     replicas: int  # R
     rank: int  # this process's global rank

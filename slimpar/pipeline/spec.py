@@ -31,6 +31,8 @@ from slimpar.pipeline.codec_kinds import CodecKind, codec_kind, codec_settings
 
 @dataclass(frozen=True)
 class RVQSpec:
+    """Residual vector quantization at a boundary: levels, codebook size, EMA updates and codebook sync."""
+
     levels: int  # Q residual levels
     codebook: int  # K codes per level
     decay: float  # EMA decay
