@@ -7,8 +7,9 @@ The grid, for W = nodes x gpus_per_node workers (every candidate uses all of the
   regime, each alone, the forward regime also with 2-way FSDP2 (``sdp.fsdp 2``: it shards forward-masked
   subnetworks), each with and without AC;
 - pipelines of P = 2, 4 and 8 stages (those that divide W; slimpar's pipelines have at most 8) times W / P
-  replicas, 2P microbatches, with codec none, MAPL 4x (every byte a boundary sends at most 1/4 of none's, as the quality
-  study measured it), MAPL 8x and MAPL 16x without and with RVQ (r = d / K);
+  replicas, with the most microbatches up to 2P that split a replica's batch, and codec none, MAPL 4x (every
+  byte a boundary sends at most 1/4 of none's, as the quality study measured it), MAPL 8x and MAPL 16x
+  without and with RVQ (r = d / K);
 - the hybrid: 4-stage pipelines whose stage replicas run SDP at keep 1/2, with MAPL 4x.
 
 A candidate that a config rule refuses (a batch that does not split, fewer layers than stages) is kept
@@ -46,8 +47,16 @@ def _with_ac(name: str, family: str, overrides: tuple[str, ...], evidence: str) 
             Candidate(name + " + AC", family, overrides + _AC, evidence, without_ac=name)]
 
 
-def candidates(workers: int, gpus_per_node: int) -> list[Candidate]:
-    """The grid of the module docstring for ``workers`` workers, ``gpus_per_node`` to a node."""
+def microbatches(batch: int, replicas: int, stages: int) -> int:
+    """The most microbatches up to 2P that split a replica's batch (1F1B needs at least P); 2P where none does
+    (the config rule then refuses the candidate and says why)."""
+    per = batch // replicas
+    return next((m for m in range(2 * stages, stages - 1, -1) if per and per % m == 0), 2 * stages)
+
+
+def candidates(workers: int, gpus_per_node: int, batch: int) -> list[Candidate]:
+    """The grid of the module docstring for ``workers`` workers, ``gpus_per_node`` to a node, a global batch of
+    ``batch`` sequences."""
     out = _with_ac("DDP", "ddp", ("--parallel.mode", "ddp"), "exact")
     out += _with_ac("FSDP2", "fsdp", ("--parallel.mode", "fsdp"), "exact")
     for keep in SDP_KEEPS:
@@ -63,11 +72,13 @@ def candidates(workers: int, gpus_per_node: int) -> list[Candidate]:
         for codec, flags in CODECS.items():
             out.append(Candidate(f"pipeline {stages} x {workers // stages}, {codec}", "pipeline",
                                  ("--parallel.mode", "pipeline", "--pipeline.stages", str(stages),
-                                  "--pipeline.microbatches", str(2 * stages), *flags),
+                                  "--pipeline.microbatches", str(microbatches(batch, workers // stages, stages)),
+                                  *flags),
                                  f"pipeline {codec}"))
     if workers >= 8 and workers % 4 == 0:
         out.append(Candidate(f"hybrid: pipeline 4 x {workers // 4}, SDP 1/2 per stage, MAPL 4x", "hybrid",
-                             ("--parallel.mode", "pipeline", "--pipeline.stages", "4", "--pipeline.microbatches", "8",
+                             ("--parallel.mode", "pipeline", "--pipeline.stages", "4",
+                              "--pipeline.microbatches", str(microbatches(batch, workers // 4, 4)),
                               "--pipeline.dp", "sdp",
                               "--pipeline.sdp_keep", "0.5", *CODECS["MAPL 4x"]), "hybrid"))
     return out

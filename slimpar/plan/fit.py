@@ -101,7 +101,7 @@ def fit(base: Config, cluster: Cluster, fc: FitConfig | None = None,
         raise ConfigError(f"plan --fit plans LLaMA models (model.arch = 'llama'), not {base.model.arch!r}")
     shape = shape_of(base)
     tokens = fc.tokens or base.train.steps * base.train.batch_size * base.data.seq_len
-    rows = [_score(base, c, cluster, tokens / shape.params) for c in _chosen(fc, cluster)]
+    rows = [_score(base, c, cluster, tokens / shape.params) for c in _chosen(fc, cluster, base.train.batch_size)]
     total, done = len(rows), 0
 
     def tick(name: str) -> None:
@@ -155,9 +155,9 @@ def _predict_in_order(rows: list[Scored], cluster: Cluster, fc: FitConfig, tick)
         tick(r.candidate.name)
 
 
-def _chosen(fc: FitConfig, cluster: Cluster) -> list[Candidate]:
+def _chosen(fc: FitConfig, cluster: Cluster, batch: int) -> list[Candidate]:
     words = [w.strip().lower() for w in fc.candidates.split(",") if w.strip()]
-    every = candidates(cluster.workers, cluster.gpus_per_node)
+    every = candidates(cluster.workers, cluster.gpus_per_node, batch)
     chosen = [c for c in every if not words or any(_named(c.name.lower(), w) for w in words)]
     if not chosen:
         raise ConfigError(f"fit.candidates = {fc.candidates!r} matches none of: {', '.join(c.name for c in every)}")
