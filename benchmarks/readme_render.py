@@ -79,6 +79,9 @@ def load_source(name: str, results: Path) -> Source:
             ln["vs_reference"] = ln["step_time_s"] / ref["step_time_s"] if ref else None
         lines.update({f"fit/{row}": fit for row, fit in data["fits"].items()})
         return Source(name, lines, [data["meta"]["git_commit"]], data["meta"]["date"], data)
+    if name == "fit":  # slimpar bench fit: predictions against runs, one commit
+        lines = _keyed(data["lines"], lambda r: f"{r['row']}@{r['rate_mbit']:g}")
+        return Source(name, lines, [data["meta"]["git_commit"]], data["meta"]["date"], data)
     runs = data.get("runs", []) + data.get("timing_runs", [])
     commits = run_commits(runs) or [data["meta"]["git_commit"]]
     lines = _keyed(data["lines"], _group_row)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from slimpar.config import DEFAULT_CONFIG, ConfigError, apply_overrides, load_config
 from slimpar.plan.cluster import Cluster, ClusterConfig, resolve_cluster
 from slimpar.plan.fit import FitConfig, check_fit, fit
+from slimpar.plan.shape import shape_of
 from slimpar.plan.table import as_json, markdown
-from slimpar.plan.workload import shape_of
 
 
 @dataclass

@@ -60,7 +60,7 @@ class Gap:
 def _tokens_per_param(command: str) -> float:
     """Tokens trained per parameter of the run a results line's command describes."""
     from slimpar.config import load_config
-    from slimpar.plan.workload import shape_of
+    from slimpar.plan.shape import shape_of
 
     args = shlex.split(command)[2:]  # after "slimpar train"
     config = args[args.index("--config") + 1]

@@ -26,8 +26,9 @@ from slimpar.config import Config, ConfigError, check_choice, with_overrides
 from slimpar.plan.candidates import Candidate, candidates
 from slimpar.plan.cluster import Cluster
 from slimpar.plan.evidence import Gap, predict_gap
+from slimpar.plan.shape import shape_of
 from slimpar.plan.steptime import step_seconds
-from slimpar.plan.workload import shape_of, workload
+from slimpar.plan.workload import workload
 
 OBJECTIVES = ("time", "time_at_quality", "memory")
 

@@ -14,8 +14,9 @@ import pytest
 from slimpar.config import ConfigError, load_config, with_overrides
 from slimpar.plan.cluster import GIB, PRESETS, ClusterConfig, parse_size, resolve_cluster
 from slimpar.plan.evidence import build_evidence, load_evidence, predict_gap
+from slimpar.plan.shape import shape_of
 from slimpar.plan.steptime import _flow, step_seconds
-from slimpar.plan.workload import shape_of, workload
+from slimpar.plan.workload import workload
 from tests.helpers import ROOT, TINY
 
 
