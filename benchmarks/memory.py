@@ -55,10 +55,9 @@ def representative_ranks(cfg: Config) -> list[int]:
     """Rank 0 for DDP and FSDP2; for SDP the first rank of each distinct held fraction."""
     if cfg.parallel.mode != "sdp":
         return [0]
-    from slimpar.train.strategies.sdp_plan import plan_from_config
-    from slimpar.train.validate.sdp import meta_model
+    from slimpar.train.run_plan import run_plan
 
-    keeps = plan_from_config(cfg, meta_model(cfg), cfg.parallel.workers).keep_per_worker
+    keeps = run_plan(cfg).sdp.keep_per_worker
     return sorted({k: r for r, k in reversed(list(enumerate(keeps)))}.values())
 
 

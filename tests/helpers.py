@@ -124,9 +124,11 @@ class LazyRuns(dict):
 def train_virtual_pipeline(cfg, data, steps: int):
     """A virtual pipeline strategy trained ``steps`` steps the way the trainer steps it (no lr schedule)."""
     from slimpar.train.build import build_model
+    from slimpar.train.run_plan import run_plan
     from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
 
-    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), single_process_context())
+    run = run_plan(cfg, data.vocab_size)
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), single_process_context(), run)
     opt = strat.build_optimizer(cfg)
     for step in range(steps):
         opt.zero_grad(set_to_none=True)

@@ -138,13 +138,15 @@ def standin_trainer(cfg, rank: int, device: torch.device, out: Path):
     from slimpar.train.guard import StepGuard
     from slimpar.train.job.context import RunContext
     from slimpar.train.job.preempt import STOP_SIGNALS
+    from slimpar.train.run_plan import run_plan
     from slimpar.train.step import TrainStep
     from slimpar.train.strategies import build_strategy
 
     ctx = RunContext(rank=rank, world=cfg.parallel.workers, device=device, out_dir=out, group=dist.group.WORLD,
                      timeout=timedelta(seconds=cfg.parallel.timeout_s))
     data = StandInText(cfg.model.vocab_size or cfg.data.vocab_size)
-    strategy = build_strategy(cfg, build_model(cfg, data), ctx)  # on the CPU; the strategy moves it
+    run = run_plan(cfg, data.vocab_size)
+    strategy = build_strategy(run, build_model(cfg, data), ctx)  # on the CPU; the strategy moves it
     _ddp_on_fake_backend(strategy)
     guard = StepGuard(cfg.train.skip_bad_steps, ctx.group, cfg.train.lr, rank, STOP_SIGNALS)
     # an inactive stop request, as Trainer.__init__ makes it without a worker's

@@ -91,9 +91,11 @@ def _through_codecs(cfg, model, data, state: dict[str, torch.Tensor], codecs: di
     from slimpar.pipeline.wire import ByteCounter
     from slimpar.train.build import loss_fn
     from slimpar.train.evaluate import val_splits
+    from slimpar.train.run_plan import run_plan
     from slimpar.train.strategies.pipeline import build_run_stages
 
-    stages = build_run_stages(cfg, model, list(range(cfg.pipeline.stages)), "cpu")  # as the model: on the CPU
+    specs = run_plan(cfg, model.cfg.vocab_size).codecs
+    stages = build_run_stages(cfg, model, specs, list(range(cfg.pipeline.stages)), "cpu")  # as the model: on the CPU
     for stage in stages:
         load_effective_state_dict(stage.model, state)
     load_codec_state(stages, codecs)

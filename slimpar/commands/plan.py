@@ -11,9 +11,8 @@ from slimpar.config import DEFAULT_CONFIG
 from slimpar.sdp.communicators import communicators_report
 from slimpar.sdp.holders import refresh_sets
 from slimpar.sdp.plan import analytic_bytes_per_step
-from slimpar.train.strategies.sdp_plan import plan_from_config
+from slimpar.train.run_plan import run_plan
 from slimpar.train.validate.checks import load_run_config
-from slimpar.train.validate.sdp import meta_model
 from slimpar.utils import fmt_bytes
 
 
@@ -25,7 +24,7 @@ def plan_command(args: argparse.Namespace, rest: list[str]) -> int:
 
         plan, _ = choose_keeps(cfg, workers)
     else:
-        plan = plan_from_config(cfg, meta_model(cfg), workers)
+        plan = run_plan(cfg).sdp
     report = plan.report()
     report["analytic_bytes_per_step"] = [analytic_bytes_per_step(plan, r)["total"] for r in range(workers)]
     report["ddp_bytes_per_step"] = analytic_bytes_per_step(plan, 0)["ddp"]

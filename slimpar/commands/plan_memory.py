@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from slimpar.config import DEFAULT_CONFIG, Config
 from slimpar.train.memory.predict_pipeline import describe_pipeline, stage_label, value_sizes_text
+from slimpar.train.modes import mode_of
 from slimpar.train.validate.checks import load_run_config
 from slimpar.utils import fmt_bytes
 
@@ -49,12 +50,8 @@ def describe(cfg: Config) -> str:
     t, p = cfg.train, cfg.parallel
     if p.mode == "pipeline":
         return f"{describe_pipeline(cfg)} x seq {cfg.data.seq_len}, {t.dtype}, step {cfg.log.measure_step}"
-    per = t.batch_size // max(p.workers, 1)
     ac = " + AC" if t.activation_checkpointing else ""
-    mode = p.mode if p.mode != "sdp" else f"sdp {cfg.sdp.level} keep {cfg.sdp.keep} {cfg.sdp.regime}"
-    if p.mode == "sdp" and cfg.sdp.virtual:
-        mode += f", {cfg.sdp.virtual_workers} virtual workers in one process"
-        per = t.batch_size // cfg.sdp.virtual_workers
+    mode, per = mode_of(cfg).describe(cfg)
     items = f"x seq {cfg.data.seq_len}" if cfg.data.kind == "text" else f"images of {cfg.data.image_set}"
     return (f"{mode}{ac}, {p.workers} workers, global batch {t.batch_size} ({per} per worker) {items}, {t.dtype}, "
             f"step {cfg.log.measure_step}")

@@ -29,6 +29,7 @@ from slimpar.plan.evidence import Gap, predict_gap
 from slimpar.plan.shape import shape_of
 from slimpar.plan.steptime import step_seconds
 from slimpar.plan.workload import workload
+from slimpar.train.modes import mode_of
 
 OBJECTIVES = ("time", "time_at_quality", "memory")
 
@@ -176,8 +177,8 @@ def _score(base: Config, cand: Candidate, cluster: Cluster, tokens_per_param: fl
     except ConfigError as e:
         return Scored(cand, None, error=str(e), why=f"refused: {e}")
     w = workload(cfg, cluster)
-    layout_2d = cfg.parallel.mode == "fsdp" or (cfg.parallel.mode == "sdp" and cfg.sdp.fsdp > 1)
-    t = step_seconds(w, cluster, cfg.parallel.mode, layout_2d, cfg.pipeline.schedule)
+    layout_2d = mode_of(cfg).gathers_parameters(cfg)
+    t = step_seconds(w, cluster, layout_2d, cfg.pipeline.schedule)
     tokens = cfg.train.batch_size * cfg.data.seq_len
     return Scored(cand, cfg, bytes_intra=w.traffic.total.intra_max, bytes_inter=w.traffic.total.inter_max,
                   compute_s=t["compute"], step_s=t["step"], tokens_per_s=tokens / t["step"],

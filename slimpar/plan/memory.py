@@ -28,18 +28,10 @@ from slimpar.config import Config, to_dict
 
 def ranks_to_predict(cfg: Config) -> list[int]:
     """The workers whose memory can differ (module docstring)."""
-    mode = cfg.parallel.mode
-    if mode == "pipeline":
-        return sorted({0, cfg.pipeline.stages - 1})
-    if mode == "sdp":
-        from slimpar.train.strategies.sdp_plan import plan_from_config
-        from slimpar.train.validate.sdp import meta_model
+    from slimpar.train.run_plan import run_plan
 
-        f = max(cfg.sdp.fsdp, 1)
-        plan = plan_from_config(cfg, meta_model(cfg), cfg.parallel.workers // f)
-        held = plan.bytes_per_worker
-        return [held.index(max(held)) * f]
-    return [0]
+    run = run_plan(cfg)
+    return run.mode.heaviest_ranks(run)
 
 
 def _source_hash() -> str:

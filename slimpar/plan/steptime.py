@@ -27,11 +27,11 @@ from slimpar.plan.traffic import Load
 from slimpar.plan.workload import BUCKET_BYTES, Workload
 
 
-def step_seconds(w: Workload, cluster: Cluster, mode: str, fsdp_layout: bool, schedule: str = "1f1b") -> dict:
+def step_seconds(w: Workload, cluster: Cluster, fsdp_layout: bool, schedule: str = "1f1b") -> dict:
     """{"compute": s, "comm": s, "step": s}: compute alone, exposed communication and the modelled step."""
     rate = cluster.flops_per_s
     t = w.traffic
-    if mode == "pipeline":
+    if w.stage_fwd:  # a pipeline's stages
         return _pipeline(w, rate, t, schedule)
     fwd, bwd = w.fwd / rate, w.bwd / rate
     sync = t.overlap.seconds()

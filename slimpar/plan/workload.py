@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slimpar.config import Config
@@ -33,41 +34,55 @@ class Workload:
 
 
 def workload(cfg: Config, cluster: Cluster) -> Workload:
-    """FLOPs and traffic of one step of ``cfg`` on ``cluster`` (``cfg.parallel.workers`` = its workers)."""
-    s = shape_of(cfg)
+    """FLOPs and traffic of one step of ``cfg`` on ``cluster`` (``cfg.parallel.workers`` = its workers): each
+    mode's cost model (:data:`_WORKLOADS`)."""
     tokens = cfg.train.batch_size * cfg.data.seq_len
-    ac = cfg.train.activation_checkpointing
-    mode = cfg.parallel.mode
-    if mode == "pipeline":
-        return _pipeline(cfg, cluster, s, tokens, ac)
-    per_worker = tokens / cfg.parallel.workers
-    full = s.flops_per_token * per_worker
-    w, t = Workload(), new_traffic(cluster)
-    ranks = list(range(cfg.parallel.workers))
+    return _WORKLOADS[cfg.parallel.mode](cfg, cluster, shape_of(cfg), tokens, cfg.train.activation_checkpointing)
+
+
+def _data_parallel(traffic: Callable) -> Callable:
+    """The workload of a data-parallel mode: every worker computes its share of the tokens through the full
+    model, then ``traffic(cfg, shape, workload, traffic, tokens per worker)`` adds the mode's communication (and
+    corrects the compute where the mode runs less of the model)."""
+    def build(cfg: Config, cluster: Cluster, s: Shape, tokens: int, ac: bool) -> Workload:
+        per_worker = tokens / cfg.parallel.workers
+        full = s.flops_per_token * per_worker
+        w, t = Workload(fwd=full / 3, bwd=2 * full / 3), new_traffic(cluster)
+        traffic(cfg, s, w, t, per_worker)
+        if ac:
+            w.bwd += w.fwd
+        w.traffic = finish(t, Load(cluster))
+        return w
+
+    return build
+
+
+def _ddp(cfg: Config, s: Shape, w: Workload, t: Traffic, per_worker: float) -> None:
     grads = s.params * 4  # fp32 gradients
-    if mode == "ddp":
-        t.overlap.all_reduce(ranks, grads, buckets(grads))
-        w.fwd, w.bwd = full / 3, 2 * full / 3
-    elif mode == "fsdp":  # one unit per block and the root
-        t.gather.gather(ranks, s.params * _compute_bytes(cfg), s.layers + 1)
-        t.overlap.gather(ranks, s.layers * s.block_params * _compute_bytes(cfg), s.layers)  # blocks again, backward
-        t.overlap.reduce_scatter(ranks, grads, s.layers + 1)
-        w.fwd, w.bwd = full / 3, 2 * full / 3
-    elif mode == "sdp":
-        share = _sdp(cfg, cluster, t)
-        masked = s.layers * s.block_flops * per_worker
-        w.fwd = (full - masked * (1 - share)) / 3
-        if cfg.sdp.regime == "forward":
-            w.bwd = 2 * w.fwd
-        else:
-            w.fwd = full / 3
-            w.bwd = full / 3 + (full - masked * (1 - share)) / 3
+    t.overlap.all_reduce(list(range(cfg.parallel.workers)), grads, buckets(grads))
+
+
+def _fsdp(cfg: Config, s: Shape, w: Workload, t: Traffic, per_worker: float) -> None:
+    """One unit per block and the root: gathered in the forward, the blocks again in the backward."""
+    ranks = list(range(cfg.parallel.workers))
+    t.gather.gather(ranks, s.params * _compute_bytes(cfg), s.layers + 1)
+    t.overlap.gather(ranks, s.layers * s.block_params * _compute_bytes(cfg), s.layers)
+    t.overlap.reduce_scatter(ranks, s.params * 4, s.layers + 1)
+
+
+def _sdp_step(cfg: Config, s: Shape, w: Workload, t: Traffic, per_worker: float) -> None:
+    """A forward-regime worker computes its subnetwork; the backward regime runs the full forward."""
+    full = w.fwd * 3
+    share = _sdp(cfg, t)
+    subnet = full - s.layers * s.block_flops * per_worker * (1 - share)
+    if cfg.sdp.regime == "forward":
+        w.fwd, w.bwd = subnet / 3, 2 * subnet / 3
     else:
-        w.fwd, w.bwd = full / 3, 2 * full / 3
-    if ac:
-        w.bwd += w.fwd
-    w.traffic = finish(t, Load(cluster))
-    return w
+        w.bwd = full / 3 + subnet / 3
+
+
+def _alone(*_) -> None:
+    """One worker: no communication."""
 
 
 BUCKET_BYTES = 25 * 1024**2  # DDP's bucket_cap_mb, and SDP's holder buckets
@@ -82,15 +97,13 @@ def _compute_bytes(cfg: Config) -> int:
     return 2 if cfg.train.dtype == "bf16" else 4
 
 
-def _sdp(cfg: Config, cluster: Cluster, t: Traffic) -> float:
+def _sdp(cfg: Config, t: Traffic) -> float:
     """SDP's traffic into ``t``; returns the largest share of the maskable blocks' bytes a worker holds."""
     from slimpar.sdp.holders import refresh_sets
-    from slimpar.train.strategies.sdp_plan import plan_from_config
-    from slimpar.train.validate.sdp import meta_model
+    from slimpar.train.run_plan import run_plan
 
-    f = max(cfg.sdp.fsdp, 1)
-    n = cfg.parallel.workers // f
-    plan = plan_from_config(cfg, meta_model(cfg), n)
+    plan, f = run_plan(cfg).sdp, max(cfg.sdp.fsdp, 1)
+    n = plan.world_size
     grad = 2 if cfg.sdp.reduce_dtype == "bf16" else 4
 
     def ranks(replicas, shard: int) -> list[int]:
@@ -121,7 +134,8 @@ def _sdp(cfg: Config, cluster: Cluster, t: Traffic) -> float:
 def _pipeline(cfg: Config, cluster: Cluster, s: Shape, tokens: int, ac: bool) -> Workload:
     from slimpar.pipeline.budget import steady_bytes
     from slimpar.pipeline.split import stage_ranges
-    from slimpar.train.strategies.pipeline_specs import codec_specs, step_shape
+    from slimpar.train.run_plan import run_plan
+    from slimpar.train.strategies.pipeline_specs import step_shape
 
     p = cfg.pipeline.stages
     replicas = cfg.parallel.workers // p
@@ -134,7 +148,7 @@ def _pipeline(cfg: Config, cluster: Cluster, s: Shape, tokens: int, ac: bool) ->
         w.stage_fwd.append(fl / 3)
         w.stage_bwd.append(2 * fl / 3 + (fl / 3 if ac else 0.0))
     t, bounds = new_traffic(cluster), Load(cluster)
-    specs = codec_specs(cfg, s.dim, s.vocab) if p > 1 else []
+    specs = run_plan(cfg, s.vocab).codecs if p > 1 else []
     shape = step_shape(cfg)
     for rep in range(replicas):
         for i, spec in enumerate(specs):
@@ -171,9 +185,9 @@ def _stage_sdp(cfg: Config, t: Traffic, p: int, replicas: int, stage_params: lis
     """The hybrid's replica sync (slimpar.hybrid.stage_sdp): each stage's blocks among their holders, during
     the backward; the rest of the stage (embedding, head, norms) over all its replicas."""
     from slimpar.hybrid.stage_sdp import stage_plans
-    from slimpar.train.validate.sdp import meta_model
+    from slimpar.train.run_plan import run_plan
 
-    plans = stage_plans(meta_model(cfg), p, replicas, cfg.pipeline.sdp_keep, seed=cfg.train.seed)
+    plans = stage_plans(run_plan(cfg).meta_model, p, replicas, cfg.pipeline.sdp_keep, seed=cfg.train.seed)
     for i, plan in enumerate(plans):
         per_set: dict[tuple[int, ...], float] = defaultdict(float)
         for c, holders in zip(plan.components, plan.holder_sets(), strict=True):
@@ -182,3 +196,8 @@ def _stage_sdp(cfg: Config, t: Traffic, p: int, replicas: int, stage_params: lis
             t.overlap.all_reduce([h * p + i for h in holders], nbytes, buckets(nbytes))
         rest = (stage_params[i] - blocks[i] * block_params) * 4
         t.overlap.all_reduce([r * p + i for r in range(replicas)], rest, buckets(rest))
+
+
+# each mode's cost model (pipelines: per stage and microbatch)
+_WORKLOADS = {"single": _data_parallel(_alone), "ddp": _data_parallel(_ddp), "fsdp": _data_parallel(_fsdp),
+              "sdp": _data_parallel(_sdp_step), "pipeline": _pipeline}

@@ -11,6 +11,7 @@ import torch
 
 from slimpar.parallel.flops import llama_flops_per_token, mfu, peak_bf16
 from slimpar.train.build import llama_config
+from slimpar.train.modes import mode_of
 
 
 def device_name(device: torch.device) -> str | None:
@@ -25,7 +26,7 @@ def speed_fields(cfg, vocab_size: int | None, tokens_per_s: float | None, device
         return {"model_flops_per_token": None, "mfu": None, "mfu_note": "not a LLaMA: no per-token FLOP count"}
     per_token = llama_flops_per_token(llama_config(cfg, vocab_size=vocab_size), cfg.data.seq_len)
     peak = peak_bf16(device_name(device))
-    if cfg.parallel.mode == "sdp" and peak.flops is not None:
+    if not mode_of(cfg).flops_share(cfg) and peak.flops is not None:
         return {"model_flops_per_token": per_token, "mfu": None,
                 "mfu_note": "SDP workers run subnetworks: the full model's FLOPs would overstate the work"}
     return {"model_flops_per_token": per_token, "mfu": mfu(tokens_per_s, per_token, peak, devices),

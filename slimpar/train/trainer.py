@@ -25,6 +25,7 @@ from slimpar.train.job.context import RunContext
 from slimpar.train.job.elastic import SampleLog, membership_changes, record_membership
 from slimpar.train.job.preempt import STOP_SIGNALS, StopRequest
 from slimpar.train.job.run_files import record_run_files
+from slimpar.train.run_plan import run_plan
 from slimpar.train.sinks.metrics import (
     MetricsWriter,
     git_commit,
@@ -63,7 +64,7 @@ class Trainer:
             dist.barrier(group=ctx.group)
         check_init_from(cfg, ctx.out_dir)  # again in every worker, before it reads the weights
         model = build_model(cfg, self.data)
-        self.strategy = build_strategy(cfg, model, ctx)
+        self.strategy = build_strategy(run_plan(cfg, getattr(self.data, "vocab_size", None)), model, ctx)
         self.optimizer = self.strategy.build_optimizer(cfg)  # AdamW; pipelines add SPEL for Stiefel projectors
         self.total = total_steps(cfg)
         self.eval_every = eval_every(cfg, self.total)

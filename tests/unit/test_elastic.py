@@ -57,16 +57,16 @@ def test_a_memory_budget_is_replanned_for_the_new_share():
     (The plan a started run's config implies, under the analytic model, which is exact for this fp32 LLaMA:
     ``slimpar train`` and ``slimpar plan`` choose the same keeps against the FakeTensorMode prediction, at
     the cost of predicting, which tests/distributed/test_memory_budget_predicted.py runs.)"""
+    from slimpar.train.run_plan import run_plan
     from slimpar.train.strategies.sdp_plan import plan_from_config
     from slimpar.train.validate.checks import load_run_config
-    from slimpar.train.validate.sdp import meta_model
     from tests.helpers import TINY
 
     keeps = {}
     for world in (4, 2):
         cfg = load_run_config(str(TINY), ["--parallel.mode", "sdp", "--parallel.workers", str(world),
                                           "--train.batch_size", "8", "--sdp.memory_budget", "9MiB"], training=False)
-        plan = plan_from_config(cfg, meta_model(cfg), world)
+        plan = plan_from_config(cfg, run_plan(cfg).meta_model, world)
         keeps[world] = plan.keep_per_worker
         assert plan.memory.tokens_per_worker == 8 // world * 64
     assert keeps == {4: [1.0] * 4, 2: [0.75] * 2}

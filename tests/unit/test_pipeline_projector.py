@@ -24,6 +24,7 @@ from slimpar.codecs.stiefel import orth_error
 from slimpar.config import ConfigError
 from slimpar.train.build import build_data, build_model, lr_at
 from slimpar.train.job.context import RunContext
+from slimpar.train.run_plan import run_plan
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
 from slimpar.train.trainer import Trainer
 from slimpar.train.validate.checks import load_run_config
@@ -52,7 +53,7 @@ _batch_fn = batch_fn
 
 
 def _strategy(data, cfg):
-    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX, run_plan(cfg, data.vocab_size))
     strat.build_optimizer(cfg)
     return strat
 

@@ -17,6 +17,7 @@ from slimpar.pipeline.pca import calibrate_virtual
 from slimpar.train.build import build_data, build_model
 from slimpar.train.checkpoint.dcp import load_checkpoint, save_checkpoint
 from slimpar.train.checkpoint.layout import checkpoint_layout
+from slimpar.train.run_plan import run_plan
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
 from slimpar.train.validate.checks import load_run_config
 from tests.helpers import TINY, VIRTUAL_PIPELINE, batch_fn, single_process_context
@@ -38,7 +39,7 @@ def data():
 
 def _strategy(data, stages: int, steps: int = 0):
     cfg = _cfg(stages)
-    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX, run_plan(cfg, data.vocab_size))
     opt = strat.build_optimizer(cfg)
     for step in range(steps):
         opt.zero_grad(set_to_none=True)

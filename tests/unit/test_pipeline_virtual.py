@@ -25,6 +25,7 @@ from slimpar.pipeline.evaluate import forward_batch
 from slimpar.pipeline.spec import resolve_anchors
 from slimpar.train.build import build_data, build_model, build_optimizer, loss_fn, lr_at
 from slimpar.train.evaluate import evaluate
+from slimpar.train.run_plan import run_plan
 from slimpar.train.strategies.base import Strategy
 from slimpar.train.strategies.pipeline import VirtualPipelineStrategy
 from slimpar.train.validate.checks import load_run_config
@@ -54,7 +55,7 @@ def _set_lr(opt, cfg, step: int, steps: int) -> None:
 
 
 def _train_virtual(data, cfg, steps: int):
-    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX, run_plan(cfg, data.vocab_size))
     opt = strat.build_optimizer(cfg)
     losses = []
     for step in range(steps):
@@ -188,7 +189,7 @@ def test_rvq_bytes_and_receiver_decodes_match_the_sender(data, update_every: str
     cfg = _cfg("--pipeline.microbatches", "2", "--pipeline.codec", "mapl", "--pipeline.rvq.levels", "2",
                "--pipeline.rvq.codebook", "64", "--pipeline.rvq.sync_every", "2",
                "--pipeline.rvq.update_every", update_every)
-    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX, run_plan(cfg, data.vocab_size))
     opt = strat.build_optimizer(cfg)
     enc, pipe = strat.stages[0].encoder, strat.pipe
     sent, got, headers = [], [], []
@@ -273,7 +274,7 @@ def test_tied_embedding_copies_stay_bitwise_identical(data) -> None:
     A-sync and anchors alongside), the tied gradient once in the clip norm, checksum and resync."""
     tie = ["--model.tie_embeddings", "true", "--pipeline.microbatches", "2"]
     cfg = _cfg("--pipeline.stages", "3", "--pipeline.codec", "mapl", "--pipeline.anchors", "factorized", *tie)
-    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX, run_plan(cfg, data.vocab_size))
     opt = strat.build_optimizer(cfg)
     emb, head = strat.stages[0].model.tok_embeddings.weight, strat.stages[2].model.output.weight
     assert emb is not head and torch.equal(emb, head)
@@ -299,7 +300,7 @@ def test_tied_embedding_copies_stay_bitwise_identical(data) -> None:
 def test_tied_gradient_counts_once_in_the_clip_norm(data) -> None:
     cfg = _cfg("--pipeline.stages", "2", "--pipeline.microbatches", "2", "--model.tie_embeddings", "true")
     model = build_model(cfg, data)
-    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX)
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX, run_plan(cfg, data.vocab_size))
     x, y = _batch_fn(data, cfg)(0, 0)
     loss_fn(model(x), y).backward()
     ref = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))

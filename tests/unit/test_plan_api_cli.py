@@ -1,6 +1,6 @@
 """The library's plans are the CLI's plans: ``slimpar.sdp.plan_blocks`` / ``plan_neurons`` on a model built
-with the public constructors give exactly the mask that ``slimpar train`` / ``slimpar plan`` use
-(``plan_from_config`` on the config as the CLI loads it), over model sizes, world sizes, keeps, levels,
+with the public constructors give exactly the mask that ``slimpar train`` / ``slimpar plan`` use (the run plan's,
+``slimpar.train.run_plan``, of the config as the CLI loads it), over model sizes, world sizes, keeps, levels,
 assignments and seeds. Before the planning moved into ``slimpar.sdp.planner``, ``plan_neurons`` placed
 all unit groups in one global run (whole FFNs per worker) while the CLI placed each layer on its own."""
 
@@ -11,9 +11,8 @@ import pytest
 import torch
 
 import slimpar
-from slimpar.train.strategies.sdp_plan import plan_from_config
+from slimpar.train.run_plan import run_plan
 from slimpar.train.validate.checks import load_run_config
-from slimpar.train.validate.sdp import meta_model
 
 CONFIGS = ["configs/llama_tiny.toml", "configs/llama_small.toml", "configs/resnet_tiny.toml"]
 # (workers, keep): coverage needs workers x keep >= 1
@@ -25,7 +24,7 @@ def _cli_plan(config: str, workers: int, *args: str):
     """The plan ``slimpar plan --config CONFIG --parallel.workers N ARGS`` prints."""
     cfg = load_run_config(config, ["--parallel.mode", "sdp", "--parallel.workers", str(workers), *args],
                           training=False)
-    return plan_from_config(cfg, meta_model(cfg), workers), cfg
+    return run_plan(cfg).sdp, cfg  # what the CLI prints: the run plan's
 
 
 def _user_model(config: str) -> torch.nn.Module:

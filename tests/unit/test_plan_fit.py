@@ -97,12 +97,12 @@ def test_flow_line_is_the_pipeline_formula():
 def test_ddp_step_overlaps_the_sync_with_backward():
     cfg = _cfg("--parallel.mode", "ddp")
     cl = _cluster(inter_gbps=1e6, intra_gbps=1e6, mfu=1e-6)  # links ~free, slow compute: the step is compute
-    t = step_seconds(workload(cfg, cl), cl, "ddp", False)
+    t = step_seconds(workload(cfg, cl), cl, False)
     assert t["step"] == pytest.approx(t["compute"], rel=1e-3)
     flops = shape_of(cfg).flops_per_token * cfg.train.batch_size * cfg.data.seq_len / 4
     assert t["compute"] == pytest.approx(flops / cl.flops_per_s)
     slow = _cluster(inter_gbps=1e-3)
-    t = step_seconds(workload(cfg, slow), slow, "ddp", False)
+    t = step_seconds(workload(cfg, slow), slow, False)
     sync = workload(cfg, slow).traffic.overlap.inter_max * 8 / 1e6
     assert t["step"] >= sync and t["comm"] > 0.9 * sync  # bandwidth-bound: the sync is the step
 

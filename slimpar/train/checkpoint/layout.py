@@ -11,27 +11,9 @@ from pathlib import Path
 
 from slimpar.config import ConfigError
 from slimpar.train.checkpoint.manifest import ManifestError
+from slimpar.train.modes import mode_of
 
 LAYOUT = "layout.json"
-# fields that name or shape a checkpoint's tensors, per mode
-_TIED = {"sdp": ("level", "keep", "keep_per_worker", "memory_budget", "min_holders", "assignment", "mask_file",
-                 "groups", "regime", "fsdp", "holder_shard", "virtual", "virtual_workers"),
-         "pipeline": ("stages", "codec", "rank", "compression", "compression_of", "anchors", "anchor_dim",
-                      "anchor_form", "virtual", "rvq.levels", "rvq.codebook", "dp", "sdp_keep")}
-
-
-def _tied_fields(section, names: tuple[str, ...]) -> dict:
-    """The named fields of a config section; ``a.b`` names field b of the nested section a."""
-    from dataclasses import asdict
-
-    values, out = asdict(section), {}
-    for name in names:
-        head, _, sub = name.partition(".")
-        if sub:
-            out.setdefault(head, {})[sub] = values[head][sub]
-        else:
-            out[name] = values[name]
-    return out
 
 
 def checkpoint_layout(cfg) -> dict:
@@ -39,37 +21,15 @@ def checkpoint_layout(cfg) -> dict:
     DDP, FSDP2 and SDP without FSDP all write and read), the model, and the parallel layout."""
     from dataclasses import asdict
 
-    p, s, d = cfg.parallel, cfg.sdp, cfg.data
-    names = {"sdp": "sdp-fsdp" if s.fsdp > 1 or s.holder_shard else "full",
-             "pipeline": "pipeline-full"}.get(p.mode, "full")
+    p, d, mode = cfg.parallel, cfg.data, mode_of(cfg)
     model = {k: v for k, v in asdict(cfg.model).items() if k != "init_from"}  # the checkpoint supersedes init_from
     model["data"] = ({"kind": d.kind, "tokenizer": d.tokenizer, "vocab_size": d.vocab_size} if d.kind == "text"
                      else {"kind": d.kind, "image_set": d.image_set})
-    out = {"format": 1, "names": names, "mode": p.mode, "workers": p.workers, "seed": cfg.train.seed, "model": model}
-    section = {"sdp": s, "pipeline": cfg.pipeline}.get(p.mode)
-    if section is not None:
-        out[p.mode] = _tied_fields(section, _TIED[p.mode])
-    if p.mode == "sdp" and s.memory_budget:  # the keeps follow from the budget: the launcher fills them in
-        out["sdp"].pop("keep_per_worker")
-    if p.mode == "pipeline":
-        from slimpar.pipeline.names import cut_blocks
-        from slimpar.train.build import llama_config
-
-        out["pipeline"]["cuts"] = cut_blocks(llama_config(cfg).n_layers, cfg.pipeline.stages)
-        out["pipeline"].update(_codec_settings(cfg.pipeline))
+    out = {"format": 1, "names": mode.checkpoint_names(cfg), "mode": p.mode, "workers": p.workers,
+           "seed": cfg.train.seed, "model": model}
+    if mode.section is not None:  # the settings that name or shape the tensors (slimpar.train.modes)
+        out[mode.section] = mode.layout(cfg)
     return out
-
-
-def _codec_settings(pc) -> dict:
-    """``{"codec_options": {field: value}}``: the codec's own settings as its kind declares them, resolved (defaults
-    filled in, typed), so "k=8" and "k = 8" are one layout; {} for a kind without settings (the built-in ones),
-    whose layouts are what they were before codecs had settings."""
-    from dataclasses import asdict
-
-    from slimpar.pipeline.codec_kinds import codec_settings
-
-    settings = codec_settings(pc.codec, pc.codec_options)
-    return {} if settings is None else {"codec_options": asdict(settings)}
 
 
 SHAPE_DEFAULTS = ("n_layers", "max_seq_len", "n_kv_heads")  # 0 = the size's own value
@@ -106,14 +66,10 @@ def _tied_diff(old: dict, new: dict, prefix: str) -> list[str]:
 
 
 def _describe(layout: dict) -> str:
-    mode, tied = layout.get("mode"), layout.get(layout.get("mode"), {})
-    if mode == "sdp":
-        return (f"SDP ({layout.get('workers')} workers, keep {tied.get('keep')}, {tied.get('level')} level"
-                f"{', FSDP ' + str(tied.get('fsdp')) if layout.get('names') == 'sdp-fsdp' else ''}"
-                f"{', virtual' if tied.get('virtual') else ''})")
-    if mode == "pipeline":
-        return f"pipeline ({tied.get('stages')} stages, codec {tied.get('codec')})"
-    return f"{mode} ({layout.get('workers')} workers)"
+    from slimpar.train.modes import MODES
+
+    name = layout.get("mode")
+    return MODES[name].layout_text(layout) if name in MODES else f"{name} ({layout.get('workers')} workers)"
 
 
 def check_layout(path: Path, new: dict) -> None:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from slimpar.config import Config
 from slimpar.parallel.placement import gpu_index, local_rank, local_world_size
+from slimpar.train.modes import mode_of
 
 
 @dataclass
@@ -48,7 +49,7 @@ def init_context(cfg: Config, out_dir: Path) -> RunContext:
         _share_cores(world)
     group = None
     timeout = timedelta(seconds=cfg.parallel.timeout_s)
-    if world > 1 or cfg.parallel.mode not in ("single",):
+    if mode_of(cfg).needs_group(cfg, world):
         if not dist.is_initialized() and "MASTER_ADDR" in os.environ:
             dist.init_process_group(cfg.parallel.backend, device_id=nccl_device_id(cfg.parallel.backend, device),
                                     timeout=timeout)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from slimpar.config import Config, ConfigError
+from slimpar.train.modes import mode_of
 from slimpar.utils import write_text_atomic
 
 MEMBERSHIP = "membership.json"  # in the run folder: every start's world size, and the changes between them
@@ -73,7 +74,7 @@ def join_torchrun(cfg: Config) -> Config:
         if cfg.parallel.workers != world and main:
             print(f"note: joining the torchrun group of {world} processes (parallel.workers = {world})")
         cfg.parallel.workers = world
-        if cfg.parallel.mode in ("single", "ddp", "fsdp", "sdp") and not cfg.sdp.virtual:
+        if mode_of(cfg).refits_accumulation(cfg):
             accum = fit_grad_accum(cfg.train.batch_size, cfg.train.grad_accum, world)
             if accum != cfg.train.grad_accum and main:
                 print(f"note: the global batch {cfg.train.batch_size} over {world} workers: train.grad_accum "

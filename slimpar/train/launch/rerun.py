@@ -23,6 +23,7 @@ from pathlib import Path
 
 from slimpar.config import Config, ConfigError, load_config, to_dict
 from slimpar.train.checkpoint.layout import SHAPE_DEFAULTS, model_shape
+from slimpar.train.modes import mode_of
 
 # accepted silently: they change what is logged, evaluated or saved, or how fast, not what is trained
 ACCEPTED = ("log.", "eval.", "checkpoint.", "parallel.timeout_s", "parallel.max_restarts", "parallel.backend",
@@ -49,13 +50,13 @@ def config_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
     if _same_shape(old, new):  # --model.n_layers 4 on tiny spells out tiny's own value: not a change
         for key in ("model.size", *(f"model.{k}" for k in SHAPE_DEFAULTS)):
             a.pop(key, None), b.pop(key, None)
-    modes = {old.parallel.mode, new.parallel.mode}
+    sections = {mode_of(old).section, mode_of(new).section}
     defining, layout = [], []
     for key in sorted(set(a) | set(b)):
         if a.get(key) == b.get(key) or key.startswith(ACCEPTED):
             continue
         section = key.split(".")[0]
-        if section in ("sdp", "pipeline") and section not in modes:
+        if section in ("sdp", "pipeline") and section not in sections:
             continue
         if key == "model.vocab_size" and not b.get(key):
             continue

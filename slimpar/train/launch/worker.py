@@ -27,6 +27,7 @@ from slimpar.train.job.context import RunContext, init_context, nccl_device_id, 
 from slimpar.train.job.elastic import restart_count
 from slimpar.train.launch import failure
 from slimpar.train.launch.run_lock import hold_worker_lock
+from slimpar.train.modes import mode_of
 
 
 def worker_main(cfg_dict: dict, out_dir: str) -> None:
@@ -178,7 +179,7 @@ def init_attempt_group(cfg: Config) -> None:
             or "MASTER_ADDR" not in os.environ):
         return
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    if world == 1 and cfg.parallel.mode == "single":
+    if not mode_of(cfg).needs_group(cfg, world):
         return
     timeout = timedelta(seconds=cfg.parallel.timeout_s)
     device = worker_device(cfg)  # the same GPU init_context binds (gloo workers may share one)

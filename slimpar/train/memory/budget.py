@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from slimpar.config import Config, ConfigError
 from slimpar.sdp.components import PlanError
+from slimpar.train.modes import mode_of
 
 
 class BudgetPredictor:
@@ -43,12 +44,12 @@ class BudgetPredictor:
 
 def choose_keeps(cfg: Config, workers: int | None = None):
     """(plan, predictor) of ``cfg``'s budgets: the plan whose keeps the prediction fits (``plan.memory``)."""
+    from slimpar.train.run_plan import run_plan
     from slimpar.train.strategies.sdp_plan import plan_from_config
-    from slimpar.train.validate.sdp import meta_model
 
-    predictor = BudgetPredictor(cfg)
+    predictor = BudgetPredictor(cfg)  # each keep it tries is predicted with a plan of its own
     try:
-        plan = plan_from_config(cfg, meta_model(cfg), workers, predict_peaks=predictor)
+        plan = plan_from_config(cfg, run_plan(cfg).meta_model, workers, predict_peaks=predictor)
     except PlanError as e:
         raise ConfigError(f"sdp.memory_budget: {e}") from None
     return plan, predictor
@@ -57,7 +58,7 @@ def choose_keeps(cfg: Config, workers: int | None = None):
 def resolve_memory_budget(cfg: Config) -> tuple[Config, dict | None]:
     """The config the workers run (``sdp.keep_per_worker`` = the chosen keeps) and the record for
     the run folder's ``memory_budget.json``; ``cfg`` itself and None without a memory budget (or outside SDP)."""
-    if cfg.parallel.mode != "sdp" or not cfg.sdp.memory_budget:
+    if not mode_of(cfg).memory_budget(cfg):
         return cfg, None
     plan, predictor = choose_keeps(cfg)
     keeps, records = predictor.calls[-1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from slimpar.config import Config, ConfigError
 from slimpar.data.vocab import config_vocab_size
+from slimpar.train.modes import mode_of
 from slimpar.utils import fmt_bytes
 
 PREDICT_ABOVE = 0.5  # predict when the floor takes at least half of the memory
@@ -29,7 +30,7 @@ def check_predicted_floor(cfg: Config) -> None:
     )
 
     total = machine_bytes(cfg)
-    if total is None or (cfg.parallel.mode == "sdp" and cfg.sdp.memory_budget):  # a budget is predicted anyway
+    if total is None or mode_of(cfg).memory_budget(cfg):  # a budget is predicted anyway
         return
     vocab = config_vocab_size(cfg) if cfg.data.kind == "text" else None  # from the config: no data is read
     need, local = need_bytes(cfg, vocab)

@@ -223,6 +223,7 @@ def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path, siz
     pipeline's value-dependent sizes (memory_predict_pipeline.py), read off the run's own batches."""
     from slimpar.train.job.context import RunContext
     from slimpar.train.memory.predict_pipeline import CountedIds
+    from slimpar.train.run_plan import run_plan
     from slimpar.train.step import TrainStep
     from slimpar.train.strategies import build_strategy
 
@@ -231,7 +232,7 @@ def _measure(cfg: Config, rank: int, world: int, vocab_size: int, out: Path, siz
     data = _data(cfg, vocab_size)
     if sizes is not None:
         data = CountedIds(cfg, data, sizes)
-    strategy = build_strategy(cfg, _model(cfg, vocab_size), ctx)
+    strategy = build_strategy(run_plan(cfg, vocab_size), _model(cfg, vocab_size), ctx)
     if isinstance(strategy.module, nn.parallel.DistributedDataParallel):
         strategy.module.register_comm_hook(None, _mean_in_place)
         strategy.module.reducer = _BucketsKept(strategy.module.reducer)

@@ -2,17 +2,17 @@
 pipeline, virtual pipeline, SDP × pipeline).
 
 Each wraps a library (torch DDP/FSDP2, :mod:`slimpar.sdp`, :mod:`slimpar.pipeline`, :mod:`slimpar.hybrid`)
-behind the interface :class:`slimpar.train.strategies.base.Strategy`. :func:`strategy_kind` is the one
-place that maps a run config to a strategy.
+behind the interface :class:`slimpar.train.strategies.base.Strategy`. The run's mode names the strategy
+(``slimpar.train.modes``: ``Mode.kind``) and the run plan it is built from is handed in, never rebuilt here.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
 
-__all__ = ["build_strategy", "strategy_kind"]
+__all__ = ["build_strategy"]
 
-# kind -> (module, builder): imported on use, so a run loads only what its mode needs
+# kind (Mode.kind) -> (module, builder): imported on use, so a run loads only what its mode needs
 _BUILDERS = {
     "single": ("slimpar.train.strategies.base", "build_plain_strategy"),
     "ddp": ("slimpar.train.strategies.base", "build_plain_strategy"),
@@ -26,23 +26,9 @@ _BUILDERS = {
 }
 
 
-def strategy_kind(cfg) -> str:
-    """Which strategy a config asks for: ``parallel.mode``, refined by ``sdp.virtual`` (and
-    ``sdp.virtual_batched``), ``pipeline.virtual`` and ``pipeline.dp``."""
-    mode = cfg.parallel.mode
-    if mode == "sdp" and cfg.sdp.virtual and cfg.sdp.virtual_batched:
-        return "sdp-virtual-batched"
-    if mode == "sdp" and cfg.sdp.virtual:
-        return "sdp-virtual"
-    if mode == "pipeline" and cfg.pipeline.virtual:
-        return "pipeline-virtual"
-    if mode == "pipeline" and cfg.pipeline.dp == "sdp":
-        return "pipeline-sdp"
-    return mode
-
-
-def build_strategy(cfg, model, ctx):
-    """The run's strategy, with parallelism applied from outside (subnetwork → activation checkpointing →
-    wrapper)."""
-    module, name = _BUILDERS[strategy_kind(cfg)]
-    return getattr(import_module(module), name)(cfg, model, ctx)
+def build_strategy(run, model, ctx):
+    """The strategy ``run`` (its :class:`~slimpar.train.run_plan.RunPlan`: the mode's ``kind``, the SDP plan and
+    codec specs it resolved) asks for, with parallelism applied from outside (subnetwork → activation
+    checkpointing → wrapper)."""
+    module, name = _BUILDERS[run.kind]
+    return getattr(import_module(module), name)(run.cfg, model, ctx, run)

@@ -224,7 +224,7 @@ def mixed_precision_policy(cfg):
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def build_plain_strategy(cfg, model: nn.Module, ctx) -> Strategy:
+def build_plain_strategy(cfg, model: nn.Module, ctx, run=None) -> Strategy:
     """``parallel.mode`` single, ddp or fsdp: activation checkpointing, then torch's wrapper."""
     from slimpar.parallel.ac import apply_ac, model_blocks
     from slimpar.parallel.compile import apply_compile

@@ -20,12 +20,12 @@ from slimpar.train.strategies.pipeline import PipelineStrategy
 class HybridPipelineStrategy(PipelineStrategy):
     """``parallel.mode = "pipeline"`` with ``pipeline.dp = "sdp"``: a pipeline whose stage replicas run SDP."""
 
-    def __init__(self, cfg, model, ctx):
+    def __init__(self, cfg, model, ctx, run):
         layout = PipelineLayout.of(cfg.pipeline.stages, ctx.world, ctx.rank)
         s = cfg.sdp
         self.plans = stage_plans(model, layout.stages, layout.replicas, cfg.pipeline.sdp_keep, s.assignment,
                                  cfg.train.seed, s.min_holders)
-        super().__init__(cfg, model, ctx)  # builds this rank's stage and the pipeline and replica groups
+        super().__init__(cfg, model, ctx, run)  # builds this rank's stage and the pipeline and replica groups
         self.mesh = layout_mesh(layout, self.groups, ctx.device.type)
         self.subnet = StageSDP(self.stage, self.plans[layout.stage], self.groups.replica, cfg.pipeline.microbatches,
                                ctx.timeout)
@@ -92,6 +92,6 @@ class HybridPipelineStrategy(PipelineStrategy):
         return out
 
 
-def build_hybrid_strategy(cfg, model: nn.Module, ctx) -> HybridPipelineStrategy:
+def build_hybrid_strategy(cfg, model: nn.Module, ctx, run) -> HybridPipelineStrategy:
     """``pipeline.dp = "sdp"``: SDP among each stage's replicas."""
-    return HybridPipelineStrategy(cfg, model, ctx)
+    return HybridPipelineStrategy(cfg, model, ctx, run)

@@ -40,19 +40,22 @@ from slimpar.pipeline.wire import P2PLink
 from slimpar.train.build import train_loss
 from slimpar.train.evaluate import val_splits
 from slimpar.train.strategies.pipeline_base import PipelineStrategyBase, tie_exported
-from slimpar.train.strategies.pipeline_specs import codec_specs
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
-def build_run_stages(cfg, model, which: list[int], device_type: str) -> list:
-    """Stage modules ``which`` of the run's pipeline (codecs from the config), as training builds them, for
-    ``device_type``, where their bf16 forward autocasts (the context's device, as resolved at start-up)."""
+def build_run_stages(cfg, model, specs: list, which: list[int], device_type: str) -> list:
+    """Stage modules ``which`` of the run's pipeline with the run plan's codec ``specs``
+    (slimpar.train.run_plan.RunPlan.codecs), as training builds them, for ``device_type``, where their bf16
+    forward autocasts (the context's device, as resolved at start-up)."""
     from slimpar.parallel.ac import apply_ac
     from slimpar.parallel.compile import apply_compile
     from slimpar.parallel.precision import DTYPES, autocast_forward
 
-    specs = codec_specs(cfg, model.cfg.dim, model.cfg.vocab_size)
+    if any(s.dim != model.cfg.dim or s.vocab != model.cfg.vocab_size for s in specs):
+        raise RuntimeError(f"the run plan's codec specs are for d = {specs[0].dim}, vocabulary {specs[0].vocab}; "
+                           f"the model has {model.cfg.dim}, {model.cfg.vocab_size}: plan the run with the model's "
+                           "vocabulary")
     ssn_rank = specs[0].rank if specs and specs[0].codec.token_table else 0  # SSN reparametrises the whole model
     stages = build_stages(model, cfg.pipeline.stages, which, specs, ssn_rank)
     for s in stages:
@@ -89,11 +92,11 @@ def _checksum_due(cfg, step: int) -> bool:
 class PipelineStrategy(PipelineStrategyBase):
     """One stage of one replica's pipeline on this rank."""
 
-    def __init__(self, cfg, model, ctx):
+    def __init__(self, cfg, model, ctx, run):
         layout = PipelineLayout.of(cfg.pipeline.stages, ctx.world, ctx.rank)
         self.layout, self.ctx = layout, ctx
         self.groups = build_groups(layout, ctx.group, ctx.timeout)
-        stage = build_run_stages(cfg, model, [layout.stage], ctx.device.type)[0].to(ctx.device)
+        stage = build_run_stages(cfg, model, run.codecs, [layout.stage], ctx.device.type)[0].to(ctx.device)
         super().__init__(cfg, [stage], layout.replica, layout.replicas)
         mb = cfg.train.batch_size // layout.replicas // cfg.pipeline.microbatches
         self.pp_stage = CodecPipelineStage(stage, (mb, cfg.data.seq_len), model.cfg.vocab_size, ctx.device,
@@ -232,10 +235,10 @@ class PipelineStrategy(PipelineStrategyBase):
 class VirtualPipelineStrategy(PipelineStrategyBase):
     """All P stages in this process (``pipeline.virtual = true``)."""
 
-    def __init__(self, cfg, model, ctx):
+    def __init__(self, cfg, model, ctx, run):
         self.ctx = ctx
-        stages = [s.to(ctx.device) for s in build_run_stages(cfg, model, list(range(cfg.pipeline.stages)),
-                                                             ctx.device.type)]
+        every = list(range(cfg.pipeline.stages))
+        stages = [s.to(ctx.device) for s in build_run_stages(cfg, model, run.codecs, every, ctx.device.type)]
         super().__init__(cfg, stages, 0, 1)
         pc = cfg.pipeline
         self.pipe = VirtualPipeline(stages, self.counter, train_loss(cfg), pc.sync_dtype, pc.tied_sync_dtype,
@@ -280,13 +283,13 @@ class VirtualPipelineStrategy(PipelineStrategyBase):
         return tie_exported(self.local_state_dict(), self.stages[0].tied)
 
 
-def build_virtual_pipeline_strategy(cfg, model, ctx) -> VirtualPipelineStrategy:
+def build_virtual_pipeline_strategy(cfg, model, ctx, run) -> VirtualPipelineStrategy:
     """``pipeline.virtual = true``: every stage in this process."""
-    return VirtualPipelineStrategy(cfg, model, ctx)
+    return VirtualPipelineStrategy(cfg, model, ctx, run)
 
 
-def build_pipeline_strategy(cfg, model, ctx):
+def build_pipeline_strategy(cfg, model, ctx, run):
     """The strategy ``parallel.mode = "pipeline"`` asks for (slimpar.train.strategies.build_strategy)."""
     if ctx.group is None:
         raise RuntimeError("a distributed pipeline needs a process group; use --pipeline.virtual true for one process")
-    return PipelineStrategy(cfg, model, ctx)  # SDP among the replicas (pipeline.dp = "sdp"): hybrid.py
+    return PipelineStrategy(cfg, model, ctx, run)  # SDP among the replicas (pipeline.dp = "sdp"): hybrid.py

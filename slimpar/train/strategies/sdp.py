@@ -18,7 +18,6 @@ from slimpar.train.strategies.sdp_plan import (
     has_batchnorm,
     keep_report,
     keep_text,
-    plan_from_config,
     refresh_root_bytes,
 )
 
@@ -36,10 +35,13 @@ class SDPStrategy(Strategy):
     eval_sharded = True
     eval_dst: int | None = 0  # the worker evaluation gathers to (None: every rank, the one-process strategies)
 
-    def __init__(self, cfg: Config, model: nn.Module, ctx):
+    def __init__(self, cfg: Config, model: nn.Module, ctx, run):
         super().__init__(model, ctx.group, cfg)
         self.ctx = ctx
-        self.plan = plan_from_config(cfg, model, self._workers())
+        if run.sdp.world_size != self._workers():
+            raise RuntimeError(f"the run plan's SDP plan has {run.sdp.world_size} workers, this job "
+                               f"{self._workers()}: plan the run from the job's config")
+        self.plan = run.sdp  # the run plan's (slimpar.train.run_plan), built once in this process
         self.predicted_per_rank = None  # sdp.memory_budget: the launcher's prediction of every rank's memory
         if cfg.sdp.memory_budget and self.plan.memory is None and ctx.is_main:  # the keeps chosen by the launcher
             self.plan.memory, self.predicted_per_rank = _launcher_prediction(ctx.out_dir)
@@ -274,6 +276,6 @@ def _launcher_prediction(out_dir):
     return MemoryPrediction(**{f.name: record[f.name] for f in fields(MemoryPrediction)}), record["predicted_per_rank"]
 
 
-def build_sdp_strategy(cfg: Config, model: nn.Module, ctx) -> SDPStrategy:
+def build_sdp_strategy(cfg: Config, model: nn.Module, ctx, run) -> SDPStrategy:
     """SDP over real processes (the virtual one, ``sdp.virtual``, is built by sdp_virtual.py)."""
-    return SDPStrategy(cfg, model, ctx)
+    return SDPStrategy(cfg, model, ctx, run)

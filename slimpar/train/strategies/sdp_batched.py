@@ -109,8 +109,8 @@ class BatchedVirtualSDPStrategy(VirtualSDPStrategy):
                 f"{n} workers' activations, bytes are the plan's analytic count")
 
 
-def build_batched_virtual_sdp_strategy(cfg, model: nn.Module, ctx) -> BatchedVirtualSDPStrategy:
+def build_batched_virtual_sdp_strategy(cfg, model: nn.Module, ctx, run) -> BatchedVirtualSDPStrategy:
     if ctx.group is not None and ctx.world > 1:
         raise RuntimeError("sdp.virtual_batched = true simulates every worker in one process; run it with "
                            "--parallel.workers 1")
-    return BatchedVirtualSDPStrategy(cfg, model, ctx)
+    return BatchedVirtualSDPStrategy(cfg, model, ctx, run)

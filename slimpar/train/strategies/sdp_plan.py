@@ -3,6 +3,7 @@ recalibration). Pure functions of the config and the plan: no communication."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from torch import nn
@@ -14,11 +15,20 @@ if TYPE_CHECKING:
     from slimpar.config import Config
 
 
+PLAN_LOG = "SLIMPAR_PLAN_LOG"  # a file every plan build appends its process id to (the tests count the builds)
+builds = 0  # plan builds in this process
+
+
 def plan_from_config(cfg: Config, model: nn.Module, workers: int | None = None, predict_peaks=None) -> Plan:
     """The run's plan: ``slimpar.sdp.planner.plan_model`` with the [sdp] settings, the run's seed and, for
     memory budgets, ``predict_peaks`` (slimpar.train.memory.budget) or else the analytic model's tokens of one
     worker's micro-batch (the batch split is the trainer's rule). Pure in (seed, workers, model structure), so
     every rank computes the same. A budget already resolved by the launcher arrives as ``keep_per_worker``."""
+    global builds
+    builds += 1
+    if os.environ.get(PLAN_LOG):
+        with open(os.environ[PLAN_LOG], "a") as f:
+            f.write(f"{os.getpid()}\n")
     s, t = cfg.sdp, cfg.train
     n = workers or (cfg.parallel.workers // max(s.fsdp, 1))
     budget = s.memory_budget if not s.keep_per_worker else ""

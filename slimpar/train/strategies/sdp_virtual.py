@@ -35,8 +35,8 @@ class VirtualSDPStrategy(SDPStrategy):
     eval_sharded = True
     eval_dst = None  # every worker lives here: the gather is local
 
-    def __init__(self, cfg, model: nn.Module, ctx):
-        super().__init__(cfg, model, ctx)  # the plan over sdp.virtual_workers, then _wrap
+    def __init__(self, cfg, model: nn.Module, ctx, run):
+        super().__init__(cfg, model, ctx, run)  # the plan over sdp.virtual_workers, then _wrap
         self.model = self._container()
         self.module = self.model
         self.group = None  # one process: nothing to reduce
@@ -123,7 +123,7 @@ class VirtualSDPStrategy(SDPStrategy):
         return {"sdp_refresh_drift": self.wrapper.last_drift} if self.cfg.sdp.regime == "backward" else {}
 
 
-def build_virtual_sdp_strategy(cfg, model: nn.Module, ctx) -> VirtualSDPStrategy:
+def build_virtual_sdp_strategy(cfg, model: nn.Module, ctx, run) -> VirtualSDPStrategy:
     if ctx.group is not None and ctx.world > 1:
         raise RuntimeError("sdp.virtual = true simulates every worker in one process; run it with --parallel.workers 1")
-    return VirtualSDPStrategy(cfg, model, ctx)
+    return VirtualSDPStrategy(cfg, model, ctx, run)

@@ -13,13 +13,15 @@ from slimpar.config import check_choice as _choice
 from slimpar.data.vocab import config_vocab_size
 from slimpar.parallel.compile import BACKENDS as COMPILE_BACKENDS
 from slimpar.parallel.compile import SCOPES as COMPILE_SCOPES
+from slimpar.train.modes import MODES as _MODES
+from slimpar.train.modes import mode_of
 from slimpar.train.sinks.trackers import check_trackers
 from slimpar.train.validate.device import local_workers, resolve_device, visible_gpus
 from slimpar.train.validate.limits import check_backend, check_memory_floor, check_writable
 from slimpar.train.validate.ranges import Range
 
 ARCHS = ("llama", "resnet18", "wrn18", "swin")
-MODES = ("single", "ddp", "fsdp", "sdp", "pipeline")
+MODES = tuple(_MODES)
 
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | None = None, *,
@@ -141,8 +143,8 @@ def validate(cfg: Config, *, training: bool = True, data: bool = True, machine: 
         raise ConfigError(f"parallel.workers must be >= 1, got {p.workers}")
     if p.device == "cuda":
         _check_local_gpus(cfg)
-    if p.mode == "single" and p.workers != 1:
-        raise ConfigError("parallel.mode = 'single' runs one worker; set --parallel.mode ddp|fsdp|sdp for more")
+    mode = mode_of(cfg)
+    mode.check(cfg)
     check_numbers(cfg)
     for where, v in [("train.steps", t.steps), ("train.batch_size", t.batch_size), ("train.lr", t.lr),
                      ("train.grad_accum", t.grad_accum), ("data.seq_len", d.seq_len),
@@ -167,14 +169,16 @@ def validate(cfg: Config, *, training: bool = True, data: bool = True, machine: 
         _validate_batch(cfg)
     if training and machine:
         check_memory_floor(cfg, config_vocab_size(cfg) if d.kind == "text" else None)  # the data is not read
-    if p.mode == "sdp":
-        from slimpar.train.validate.sdp import validate_sdp
+    if mode.section is not None:
+        _section_rules(cfg, mode.section)
 
-        validate_sdp(cfg)
-    if p.mode == "pipeline":
-        from slimpar.train.validate.pipeline import validate_pipeline
 
-        validate_pipeline(cfg)
+def _section_rules(cfg: Config, section: str) -> None:
+    """The rules of the section only the run's mode reads ([sdp], [pipeline]): they build its plan or specs."""
+    from slimpar.train.validate.pipeline import validate_pipeline
+    from slimpar.train.validate.sdp import validate_sdp
+
+    {"sdp": validate_sdp, "pipeline": validate_pipeline}[section](cfg)
 
 
 def _check_local_gpus(cfg: Config) -> None:
@@ -242,38 +246,19 @@ def _check_corpus(corpus: str) -> None:
 
 
 def _validate_batch(cfg: Config) -> None:
-    t, p = cfg.train, cfg.parallel
-    dp = p.workers if p.mode in ("ddp", "fsdp", "sdp", "single") else p.workers // max(cfg.pipeline.stages, 1)
-    if p.mode == "sdp" and cfg.sdp.fsdp > 1:
-        dp = p.workers  # every rank reads its own data; FSDP shards only the parameters
+    t = cfg.train
+    dp = mode_of(cfg).data_parallel(cfg)  # SDP with FSDP2: every rank reads its own data
     if t.batch_size % (max(dp, 1) * t.grad_accum):
         raise ConfigError(
             f"train.batch_size = {t.batch_size} must be divisible by data-parallel workers ({dp}) "
             f"x train.grad_accum ({t.grad_accum})")
 
 
-WHY_NOT_MODEL = {  # measured with dynamo's counters (tests/unit/test_compile_counts.py, docs/training.md)
-    "ddp": "DDP's forward is not traced by dynamo: the graph breaks there (twice per step)",
-    "fsdp": "FSDP2's root hooks are not traced by dynamo: the graph breaks there",
-    "sdp": "SDP's holder averaging works block by block",
-    "pipeline": "a pipeline's stages and codecs run block by block",
-}
-DYNAMO_RECOMPILE_LIMIT = 8  # torch._dynamo.config.recompile_limit's default: graphs of one function
-
-
 def _check_compile_scope(cfg: Config) -> None:
-    """``train.compile_scope = model`` where the forward and loss compile as one graph without a break: single,
-    and virtual SDP (one graph per worker's subnetwork, so at most dynamo's limit of 8 workers)."""
-    t, p, s = cfg.train, cfg.parallel, cfg.sdp
-    if not (t.compile and t.compile_scope == "model"):
-        return
-    virtual = p.mode == "sdp" and s.virtual and not s.virtual_batched
-    if virtual and s.virtual_workers > DYNAMO_RECOMPILE_LIMIT:
-        raise ConfigError(f"train.compile_scope = 'model' compiles one graph per virtual worker, and dynamo keeps "
-                          f"{DYNAMO_RECOMPILE_LIMIT} per function; with sdp.virtual_workers = {s.virtual_workers} "
-                          "use --train.compile_scope loss")
-    if p.mode != "single" and not virtual:
-        why = "the batched routes work block by block" if p.mode == "sdp" and s.virtual else WHY_NOT_MODEL[p.mode]
-        raise ConfigError(f"train.compile_scope = 'model' (forward and loss as one graph) does not fit "
-                          f"parallel.mode = {p.mode!r}: {why}; use --train.compile_scope loss (each block and "
-                          "the loss compiled) or blocks")
+    """``train.compile_scope = model`` where the forward and loss compile as one graph without a break (the mode
+    says where: ``Mode.model_scope``)."""
+    t = cfg.train
+    if t.compile and t.compile_scope == "model":
+        refusal = mode_of(cfg).model_scope(cfg)
+        if refusal:
+            raise ConfigError(refusal)

@@ -27,11 +27,10 @@ __all__ = ["check_backend", "check_memory_floor", "check_writable", "runs_in_pro
 def check_backend(cfg: Config) -> None:
     """NCCL runs on GPUs only; a CPU run or a torch without NCCL cannot use it. A pipeline's stages on GPUs over
     gloo cannot send: gloo's point-to-point takes host tensors only."""
+    from slimpar.train.modes import mode_of
+
     p = cfg.parallel
-    if p.backend == "gloo" and p.device == "cuda" and p.mode == "pipeline" and not cfg.pipeline.virtual:
-        raise ConfigError("pipeline stages on GPUs send activations point to point, which gloo does from host "
-                          "memory only: use --parallel.backend nccl (one GPU per stage), --pipeline.virtual true "
-                          "(every stage in one process), or --parallel.device cpu")
+    mode_of(cfg).check_backend(cfg)  # a pipeline's stages on GPUs over gloo
     if p.backend != "nccl":
         return
     if p.device != "cuda":

@@ -25,111 +25,26 @@ from dataclasses import replace
 from pathlib import Path
 
 from slimpar.config import Config, ConfigError
+from slimpar.train.modes import mode_of
+from slimpar.train.run_plan import PROCESS_BYTES, STATE_BYTES_PER_PARAM, run_plan
 from slimpar.utils import fmt_bytes
 
-STATE_BYTES_PER_PARAM = 16  # fp32 parameter + gradient + AdamW exp_avg + exp_avg_sq
-PROCESS_BYTES = 256 << 20  # an idle worker: Python, torch and a gloo group (about 270 MiB of RSS measured)
+__all__ = ["PROCESS_BYTES", "STATE_BYTES_PER_PARAM", "check_memory_floor", "fitting_settings", "local_ranks",
+           "machine_bytes", "need_bytes", "rank_floors"]
+
 # a suggested setting leaves a quarter of the memory for what a step allocates on top of the floor (AdamW's and
 # clipping's temporaries: `slimpar plan --memory` predicts 8.1 GiB for a 1b SDP worker whose floor is 6.6 GiB)
 SUGGEST_HEADROOM = 0.75
 
 
 def rank_floors(cfg: Config, vocab: int | None = None) -> list[int]:
-    """The least bytes each rank of the run holds (one entry per process: a single entry for in-process runs)."""
-    model = _meta_model(cfg, vocab)
-    params = {id(p): (n, p.numel() * p.element_size()) for n, p in model.named_parameters()}
-    total = sum(b for _, b in params.values())
-    p, logits = cfg.parallel, _logits_bytes(cfg, vocab)
-    if p.mode in ("single", "ddp"):
-        state = [4 * total] * p.workers
-    elif p.mode == "fsdp":
-        state = [4 * total // p.workers] * p.workers
-    elif p.mode == "sdp":
-        state = _sdp_state(cfg, model, total)
-    else:
-        state = _pipeline_state(cfg, list(params.values()))
-    last = len(state) - 1 if p.mode == "pipeline" and not cfg.pipeline.virtual else None
-    return [s + PROCESS_BYTES + (logits if last is None or r % cfg.pipeline.stages == last % cfg.pipeline.stages
-                                 else 0) for r, s in enumerate(state)]
-
-
-_MODELS: dict[tuple, object] = {}  # (model section, vocab) -> its meta-device model: settings that fit reuse it
-
-
-def _meta_model(cfg: Config, vocab: int | None):
-    """The run's model on the meta device (structure and sizes, no memory), built once per model section."""
-    import json
-    from dataclasses import asdict
-
-    import torch
-
-    from slimpar.train.build import build_model
-
-    class _Vocab:  # build_model reads only vocab_size from the data
-        vocab_size = vocab
-
-    key = (json.dumps(asdict(cfg.model), sort_keys=True), vocab)
-    if key not in _MODELS:
-        if len(_MODELS) >= 4:
-            _MODELS.clear()
-        with torch.device("meta"):
-            _MODELS[key] = build_model(cfg, _Vocab() if vocab and cfg.model.arch == "llama" else None)
-    return _MODELS[key]
-
-
-def _sdp_state(cfg: Config, model, total: int) -> list[int]:
-    from slimpar.train.strategies.sdp_plan import plan_from_config
-
-    s, workers = cfg.sdp, cfg.parallel.workers
-    n = s.virtual_workers if s.virtual else workers // s.fsdp
-    if s.memory_budget:  # the launcher chooses the keeps; every worker holds the shared parameters at least
-        plan = plan_from_config(replace(cfg, sdp=replace(s, memory_budget="", keep=1.0)), model, n)
-        return [4 * plan.shared_bytes // s.fsdp] * workers
-    plan = plan_from_config(cfg, model, n)
-    held = plan.bytes_per_worker
-    if s.holder_shard:
-        share = [c.param_bytes / max(1, len(plan.holders(i))) for i, c in enumerate(plan.components)]
-        held = [plan.shared_bytes + int(sum(share[c] for c in range(len(share)) if plan.mask[w, c])) for w in range(n)]
-    per = [total + 3 * h if s.regime == "backward" else 4 * h for h in held]
-    if s.virtual:
-        return [4 * total if s.virtual_batched else sum(per)]
-    return [per[r // s.fsdp] // s.fsdp for r in range(workers)]
-
-
-def _pipeline_state(cfg: Config, params: list[tuple[str, int]]) -> list[int]:
-    from slimpar.pipeline.split import stage_ranges
-    from slimpar.train.build import llama_config
-
-    pc, workers = cfg.pipeline, cfg.parallel.workers
-    if pc.virtual:
-        return [4 * sum(b for _, b in params)]
-    ranges = stage_ranges(llama_config(cfg).n_layers, pc.stages)
-    keep = pc.sdp_keep if pc.dp == "sdp" else 1.0
-    stage = [0] * pc.stages
-    for name, nbytes in params:
-        if name.startswith("layers."):
-            block = int(name.split(".")[1])
-            stage[next(s for s, r in enumerate(ranges) if block in r)] += int(nbytes * keep)
-            continue
-        first = name.startswith("tok_embeddings")
-        for s in {0 if first else pc.stages - 1, *((pc.stages - 1,) if first and cfg.model.tie_embeddings else ())}:
-            stage[s] += nbytes
-    return [4 * stage[r % pc.stages] for r in range(workers)]
+    """The least bytes each rank of the run holds (one entry per process: a single entry for in-process runs):
+    the run plan's floors (slimpar.train.run_plan.RunPlan.floors)."""
+    return run_plan(cfg, vocab).floors
 
 
 def _logits_bytes(cfg: Config, vocab: int | None) -> int:
-    """fp32 logits and their gradient for one worker's micro-batch (text); images: a negligible head."""
-    if cfg.data.kind != "text":
-        return 0
-    from slimpar.train.build import llama_config
-
-    v = llama_config(cfg, vocab_size=vocab).vocab_size
-    p = cfg.parallel
-    dp = max(1, p.workers // max(cfg.pipeline.stages, 1)) if p.mode == "pipeline" else p.workers
-    if p.mode == "sdp" and cfg.sdp.virtual:
-        dp = 1
-    per_worker = cfg.train.batch_size // max(1, dp * cfg.train.grad_accum)
-    return 2 * 4 * max(1, per_worker) * cfg.data.seq_len * v
+    return run_plan(cfg, vocab).logits_bytes
 
 
 def local_ranks(cfg: Config, in_process: bool) -> list[int]:
@@ -227,14 +142,7 @@ def _where(cfg: Config) -> str:
 
 
 def _held(cfg: Config) -> str:
-    p, s = cfg.parallel, cfg.sdp
-    if p.mode == "sdp":
-        keep = s.keep_per_worker or s.keep
-        what = "the shared parameters" if s.memory_budget else f"its SDP subnetwork (keep {keep})"
-        return what + (f", sharded over {s.fsdp} ranks" if s.fsdp > 1 else "")
-    if p.mode == "pipeline":
-        return "its pipeline stage's parameters" if not cfg.pipeline.virtual else "every stage"
-    return {"fsdp": f"1/{p.workers} of the parameters (FSDP2 shards)"}.get(p.mode, "every parameter")
+    return mode_of(cfg).held(cfg)
 
 
 def fitting_settings(cfg: Config, vocab: int | None, total: int) -> list[str]:
@@ -256,15 +164,9 @@ def fitting_settings(cfg: Config, vocab: int | None, total: int) -> list[str]:
 def _candidates(cfg: Config) -> list[list[tuple[str, Config]]]:
     """Settings to try, by kind, each kind from the least change: a lower SDP keep, FSDP2 instead of DDP, fewer
     workers on this machine, more gradient accumulation (smaller micro-batches), a smaller model."""
-    p, s, t = cfg.parallel, cfg.sdp, cfg.train
-    kinds: list[list[tuple[str, Config]]] = []
-    if p.mode == "sdp" and not s.virtual and not s.memory_budget and not s.keep_per_worker:
-        n = p.workers // s.fsdp
-        keeps = [k for k in (s.keep * 0.75, s.keep * 0.5, s.keep * 0.25) if k * n >= s.min_holders]
-        kinds.append([(f"--sdp.keep {k:.3g}", replace(cfg, sdp=replace(s, keep=float(f"{k:.3g}")))) for k in keeps])
-    if p.mode == "ddp":
-        kinds.append([("--parallel.mode fsdp", replace(cfg, parallel=replace(p, mode="fsdp")))])
-    step = s.fsdp if p.mode == "sdp" else cfg.pipeline.stages if p.mode == "pipeline" else 1
+    p, t, mode = cfg.parallel, cfg.train, mode_of(cfg)
+    kinds: list[list[tuple[str, Config]]] = [mode.fewer_bytes(cfg)]
+    step = mode.worker_step(cfg)
     if "LOCAL_WORLD_SIZE" not in os.environ:  # under torchrun the launcher sets the worker count
         kinds.append([(f"--parallel.workers {w}", replace(cfg, parallel=replace(p, workers=w)))
                       for w in range(p.workers - step, 0, -step) if t.batch_size % (w * t.grad_accum) == 0])

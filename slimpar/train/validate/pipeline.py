@@ -10,7 +10,7 @@ from slimpar.config import Config, ConfigError
 from slimpar.config import check_choice as _choice
 from slimpar.optim.spel import SPEL_SCHEDULES
 from slimpar.pipeline.codec_kinds import CODEC_KINDS, codec_settings, names
-from slimpar.pipeline.spec import UINT16_LIMIT, resolve_anchors, resolve_rank
+from slimpar.pipeline.spec import resolve_anchors, resolve_rank
 from slimpar.pipeline.sync import SYNC_DTYPES
 from slimpar.pipeline.training import CLIP_MODES
 from slimpar.train.build import llama_config
@@ -119,9 +119,9 @@ def _check_codec(cfg: Config, d: int) -> None:
         if resolve_rank(pc.codec, d, pc.rank, pc.compression) < 1:
             raise ConfigError(f"pipeline.compression = {pc.compression} leaves rank 0 for d = {d}")
         if pc.compression_of == "total" and not pc.rank:
-            from slimpar.train.strategies.pipeline_specs import codec_specs
+            from slimpar.train.run_plan import run_plan
 
-            codec_specs(cfg, d, cfg.data.vocab_size or UINT16_LIMIT)  # ConfigError when no rank fits the budget
+            _ = run_plan(cfg).codecs  # r is decided there, once: ConfigError when no rank fits the budget
     anchors = resolve_anchors(pc.codec, pc.anchors)
     if anchors != "none":
         if not kind.learned:

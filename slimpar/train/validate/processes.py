@@ -7,6 +7,6 @@ from slimpar.config import Config
 
 def runs_in_process(cfg: Config) -> bool:
     """Whether slimpar's launcher runs every worker in its own process: single, virtual pipelines, virtual SDP."""
-    p = cfg.parallel
-    return p.mode == "single" or (p.mode == "pipeline" and cfg.pipeline.virtual) or (
-        p.mode == "sdp" and cfg.sdp.virtual)
+    from slimpar.train.modes import mode_of
+
+    return mode_of(cfg).in_process(cfg)

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-import torch
-
 from slimpar.config import Config, ConfigError
 from slimpar.config import check_choice as _choice
 from slimpar.sdp.plan import PlanError
-from slimpar.train.build import build_model
-from slimpar.train.strategies.sdp_plan import plan_from_config
+from slimpar.train.run_plan import run_plan
 from slimpar.train.validate.ranges import Range
 
 # The [sdp] numbers, checked in every mode by slimpar.train.validate.checks.check_numbers (a wrong value is a
@@ -116,18 +111,13 @@ def _check_batched(cfg: Config) -> None:
                           f"{s.refresh_every}); run --sdp.virtual_batched false for stale copies")
 
 
-def meta_model(cfg: Config):
-    """The run's full model on the meta device: structure and sizes without memory."""
-    with torch.device("meta"):
-        return build_model(cfg, None)
-
-
 def _check_plan(cfg: Config) -> None:
+    """The run plan's SDP plan, built here once for the process (slimpar.train.run_plan); with
+    ``sdp.memory_budget`` the launcher chooses the keeps and builds it (slimpar.train.memory.budget)."""
+    if cfg.sdp.memory_budget:
+        return
     try:
-        n = cfg.sdp.virtual_workers if cfg.sdp.virtual else cfg.parallel.workers // cfg.sdp.fsdp
-        if cfg.sdp.memory_budget:  # the keeps are the launcher's to choose (slimpar.train.memory.budget)
-            cfg = replace(cfg, sdp=replace(cfg.sdp, memory_budget=""))
-        plan_from_config(cfg, meta_model(cfg), n)
+        _ = run_plan(cfg).sdp
     except (PlanError, OSError) as e:
         raise ConfigError(f"SDP plan: {e}") from None
     except ValueError as e:  # an unreadable mask file: not text, not a plain .npy (e.g. pickled objects)
