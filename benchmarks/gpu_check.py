@@ -76,7 +76,7 @@ ROWS = [
            _train("--parallel.mode", "sdp", "--parallel.workers", "4", "--parallel.backend", "gloo"), 50),
     GpuRow("virtual pipeline MAPL + RVQ, bf16", "4 stages, 8x and RVQ codebook sync on one GPU",
            _train(*VIRTUAL_PIPELINE, "--pipeline.codec", "mapl", "--pipeline.compression", "8",
-                  "--pipeline.rvq.levels", "2"), 30),
+                  "--pipeline.compression_of", "payload", "--pipeline.rvq.levels", "2"), 30),
     GpuRow("virtual pipeline SSN and none, bf16", "the SSN baseline, then no codec (no Stiefel parameter to clip)",
            _train(*VIRTUAL_PIPELINE, "--pipeline.codec", "ssn"), 45,
            then=_train(*VIRTUAL_PIPELINE, "--pipeline.codec", "none", "--out", "{out}/none")),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.report import commits_note, fmt, markdown_table, metadata, run_commits, write_json
+from benchmarks.report import COMPRESSION_NOTE, commits_note, fmt, markdown_table, metadata, run_commits, write_json
 from benchmarks.runner import Row, run_rows, select_rows
 from benchmarks.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
 
@@ -35,8 +35,14 @@ MEASURED_WITH = {"--pipeline.projector_init": "random", "--pipeline.spel_schedul
                  "--pipeline.anchor_form": "symmetric"}
 
 
+# the codecs with a rank were measured with r = d / K (the boundary payload divided by K), the default until
+# pipeline.compression_of became "total" (every byte a boundary sends <= 1/K of none's)
+PAYLOAD_MEANING = {"--pipeline.compression_of": "payload"}
+PROJECTING = ("mapl", "ssn", "naive")
+
+
 def _codec(kind: str, compression: int = 4, *extra: str) -> list[str]:
-    pins = MEASURED_WITH if kind == "mapl" else {}
+    pins = {**(MEASURED_WITH if kind == "mapl" else {}), **(PAYLOAD_MEANING if kind in PROJECTING else {})}
     pinned = [a for k, v in {**pins, "--pipeline.ids": "send"}.items() if k not in extra for a in (k, v)]
     return ["--pipeline.codec", kind, "--pipeline.compression", str(compression), *pinned, *extra]
 
@@ -139,7 +145,7 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
             f"`{meta['git_commit']}`, torch {meta['versions']['torch']}. {_layout(meta)}; "
             "every row trains on the same tokens for the same steps (token-matched). Bytes are summed over the 3 "
             "boundaries and counted at the send, per step, everything included (payload, token ids, codebook "
-            "rows, projector/anchor gradient sums and checksums).\n\n")
+            f"rows, projector/anchor gradient sums and checksums).\n\n{COMPRESSION_NOTE}\n\n")
     cmds = "\n".join(f"- {ln['row']}: `{ln['command']}`" for ln in lines)
     timing = "\n\n" + timing_note(meta["timing"], meta["timing_rounds"]) if meta.get("timing") else ""
     return (head + commits_note(meta) + markdown_table(headers, body) + timing + "\n\nCommands:\n\n" + cmds

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.plots import modes_plot
-from benchmarks.report import commits_note, fmt, markdown_table, metadata, run_commits, write_json
+from benchmarks.report import COMPRESSION_NOTE, commits_note, fmt, markdown_table, metadata, run_commits, write_json
 from benchmarks.runner import Row, run_rows, select_rows
 from benchmarks.timing import ratio_cell, step_time_ratios, timing_note, timing_rounds
 
@@ -32,6 +32,8 @@ SDP = ["--parallel.mode", "sdp", "--parallel.workers", "4"]
 VIRTUAL = ["--parallel.mode", "sdp", "--parallel.workers", "1", "--sdp.virtual", "true", "--sdp.virtual_workers", "4"]
 PIPE = ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "4",
         "--model.tie_embeddings", "false"]
+# the pipeline rows were measured with r = d / K, the default before pipeline.compression_of became "total"
+_PAYLOAD = ("--pipeline.compression_of", "payload")
 MODES = {
     "DDP": ["--parallel.mode", "ddp", "--parallel.workers", "4"],
     "FSDP2": ["--parallel.mode", "fsdp", "--parallel.workers", "4"],
@@ -41,12 +43,13 @@ MODES = {
     "virtual B-SDP 0.5": [*VIRTUAL, "--sdp.keep", "0.5"],
     "batched Bb-SDP 0.5": [*VIRTUAL, "--sdp.virtual_batched", "true", "--sdp.keep", "0.5", "--sdp.regime", "backward"],
     "pipeline (none)": [*PIPE, "--pipeline.codec", "none"],
-    "MAPL 4x": [*PIPE, "--pipeline.codec", "mapl", "--pipeline.compression", "4"],
+    "MAPL 4x": [*PIPE, "--pipeline.codec", "mapl", "--pipeline.compression", "4", *_PAYLOAD],
     "MAPL 16x + RVQ": [*PIPE, "--pipeline.codec", "mapl", "--pipeline.compression", "16",
-                       "--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "256"],
-    "SSN 4x": [*PIPE, "--pipeline.codec", "ssn", "--pipeline.compression", "4"],
+                       "--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "256", *_PAYLOAD],
+    "SSN 4x": [*PIPE, "--pipeline.codec", "ssn", "--pipeline.compression", "4", *_PAYLOAD],
     "pipeline x SDP": ["--parallel.mode", "pipeline", "--parallel.workers", "4", "--pipeline.stages", "2",
-                       "--pipeline.dp", "sdp", "--model.tie_embeddings", "false", "--pipeline.codec", "mapl"],
+                       "--pipeline.dp", "sdp", "--model.tie_embeddings", "false", "--pipeline.codec", "mapl",
+                       *_PAYLOAD],
 }
 VARIANTS = {"eager": [], "compiled": ["--train.compile", "true"], "bf16": ["--train.dtype", "bf16"]}
 QUICK = ("DDP", "B-SDP 0.5", "MAPL 4x")
@@ -108,7 +111,7 @@ def report_markdown(table: list[dict], meta: dict) -> str:
                  for ln in table]
     head = (f"# slimpar bench modes\n\nMeasured {meta['date']} on {meta['machine']} ({meta['cpus']} CPUs), commit "
             f"`{meta['git_commit']}`, torch {meta['versions']['torch']}; {CONFIG}, {meta['steps']} steps an eager or "
-            f"compiled row, {BF16_STEPS} a bf16 row.\n\n")
+            f"compiled row, {BF16_STEPS} a bf16 row.\n\n{COMPRESSION_NOTE}\n\n")
     compile_t = markdown_table(["mode", "eager step (s)", "compiled step (s)", "compiled / eager, median [range]",
                                 "eager val loss", "compiled val loss"], compile_rows)
     bf16_t = markdown_table(["mode", "fp32 peak / worker (MiB)", "bf16 peak (MiB)", "fp32 activations (MiB)",

@@ -10,6 +10,11 @@ from pathlib import Path
 
 from slimpar.train.sinks.metrics import git_commit, versions
 
+# what a row's compression K means, for the reports' headers: the rows pinned to the meaning they were measured in
+COMPRESSION_NOTE = ("Compression K: rows with a rank (MAPL, SSN, naive) divide the boundary payload, r = d / K "
+                    "(`--pipeline.compression_of payload`), unless their command names `compression_of total` (every "
+                    "byte a boundary sends at most 1/K of none's, slimpar's default).")
+
 
 def metadata(extra: dict | None = None) -> dict:
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

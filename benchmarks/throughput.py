@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.report import fmt, markdown_table, metadata, write_json
+from benchmarks.report import COMPRESSION_NOTE, fmt, markdown_table, metadata, write_json
 from benchmarks.runner import Row, run_row
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.compile import apply_compile
@@ -95,12 +95,14 @@ PIPELINE_ROWS = ("virtual pipeline, none", "virtual pipeline, MAPL 4x", "virtual
 # all 4 blocks as 4 stages in one process, 4 microbatches a step (one pass): a codec's cost next to the stages'
 VIRTUAL = ["--parallel.mode", "pipeline", "--parallel.workers", "1", "--pipeline.virtual", "true",
            "--pipeline.stages", "4", "--pipeline.microbatches", "4"]
+PAYLOAD = ("--pipeline.compression_of", "payload")  # r = d / K, as measured (the default then)
 TRAIN_ROWS = {"train eager": [], "train compiled": ["--train.compile", "true"],  # in the order of the table
               "train compiled, loss": ["--train.compile", "true", "--train.compile_scope", "loss"],
               "virtual pipeline, none": VIRTUAL,
-              "virtual pipeline, MAPL 4x": [*VIRTUAL, "--pipeline.codec", "mapl", "--pipeline.compression", "4"],
+              "virtual pipeline, MAPL 4x": [*VIRTUAL, "--pipeline.codec", "mapl", "--pipeline.compression", "4",
+                                            *PAYLOAD],
               "virtual pipeline, MAPL 16x + RVQ": [*VIRTUAL, "--pipeline.codec", "mapl", "--pipeline.compression", "16",
-                                                   "--pipeline.rvq.levels", "2"]}
+                                                   "--pipeline.rvq.levels", "2", *PAYLOAD]}
 
 
 def train_overrides(shape: Shape, device: str, corpus: Path, backend: str) -> list[str]:
@@ -153,7 +155,7 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
             f"{meta['mfu_note']}. Load (1 min) at start and end: {meta['load_1m'][0]:.1f}, {meta['load_1m'][1]:.1f} "
             f"on {meta['cpus']} CPUs. Peak memory: CUDA's allocator on a GPU; on a CPU the trainer's exact accounting "
             f"(none for the plain loop). Aten ops: one step counted eagerly, compiled rows too (dynamo steps aside "
-            f"under the counter's dispatch mode).\n\n{table}\n")
+            f"under the counter's dispatch mode).\n\n{COMPRESSION_NOTE}\n\n{table}\n")
 
 
 def _mib(b) -> str:

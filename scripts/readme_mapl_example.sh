@@ -16,7 +16,8 @@ keep = ["git_commit", "versions", "machine", "steps", "world_size", "train_loss"
         "boundary_bytes_per_step_fwd", "boundary_bytes_per_step_bwd", "comm_bytes_per_step_none",
         "tied_bytes_per_step_fwd", "tied_bytes_per_step_bwd", "comm_bytes_per_step_fwd", "comm_bytes_per_step_bwd",
         "compression_ratio", "compression_ratio_fwd", "compression_ratio_bwd", "compression_ratio_boundary",
-        "compression_ratio_boundary_fwd", "compression_ratio_boundary_bwd", "max_orth_error"]
+        "compression_ratio_boundary_fwd", "compression_ratio_boundary_bwd", "max_orth_error", "pipeline_rank",
+        "boundary_fraction_fwd", "boundary_fraction_bwd", "payload_share_fwd", "payload_share_bwd"]
 out = {k: s.get(k) for k in keep}
 out["command"] = sys.argv[2]
 out["measured"] = (f"{datetime.date.today().isoformat()}, a fresh run folder, on a {os.cpu_count()}-CPU machine "

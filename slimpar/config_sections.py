@@ -138,11 +138,11 @@ class PipelineConfig:
     # the codec's own settings, declared (typed, with defaults) by its kind in slimpar/pipeline/codec_registry.py;
     # the built-in codecs take none, their settings are the fields below
     codec_options: str = ""  # key=value pairs, comma-separated (e.g. k=32 for a top-k codec); "" = the defaults
-    rank: int = 0  # projector rank r; 0 = d / compression
-    compression: int = 4  # d / r when rank is 0 (compression_of = payload), or 1/K of none's bytes (total)
+    rank: int = 0  # projector rank r; 0 = fitted to compression (below)
+    compression: int = 4  # K: a boundary sends <= 1/K of none's bytes (total), or r = d / K (payload)
     # total: r is the largest whose steady-state bytes per step (payload, ids, A's and anchors' gradient parts,
     # RVQ codebooks at their worst case) are <= 1/K of the uncompressed pipeline's, each way (pipeline/budget.py)
-    compression_of: str = "payload"  # payload (r = d / K) | total (every byte a boundary sends, matched to 1/K)
+    compression_of: str = "total"  # total (every byte a boundary sends, matched to 1/K) | payload (r = d / K)
     # the defaults of the anchors, SPEL and clipping below come from the evidence of issue 20 (docs/pipeline.md,
     # "Defaults"): across the configs measured, these options won or tied, and receiver-only anchors need no exchange.
     # The codec's come from CODEC_DEFAULTS, which the library's CodecSpec.mapl reads too

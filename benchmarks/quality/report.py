@@ -6,7 +6,7 @@ import statistics
 
 from benchmarks.quality import trends as quality_trends
 from benchmarks.quality.trends import baseline_name
-from benchmarks.report import commits_note, fmt, markdown_table, pm
+from benchmarks.report import COMPRESSION_NOTE, commits_note, fmt, markdown_table, pm
 
 TREND_GROUPS = ("length", "width")  # each row's baseline is none or DDP at its own length or width
 
@@ -207,6 +207,7 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
            f"commit `{meta['git_commit']}`, torch {meta['versions']['torch']}. Each run is one `slimpar train` process "
            f"on one thread (virtual SDP / virtual pipeline); {meta.get('jobs', 1)} runs at a time. Values are mean ± "
            "sample std over seeds; gaps are paired by seed (row_s / baseline_s − 1, then mean ± std).\n",
+           f"\n{COMPRESSION_NOTE}\n",
            "\n" + commits_note(meta) if commits_note(meta) else ""]
     for group in dict.fromkeys(ln["group"] for ln in lines):
         mine = [ln for ln in lines if ln["group"] == group]

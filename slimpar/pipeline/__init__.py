@@ -6,11 +6,13 @@ Python entry points (the CLI's ``--parallel.mode pipeline`` builds the same obje
 codec messages and counts their bytes), ``SharedParamSync`` (keeps both copies of a boundary's
 projector identical), ``MaplTrainingSpec`` with ``training.build_optimizer`` / ``start_step`` /
 ``clip_grad_norm`` (SPEL on A, AdamW on the rest; A's schedule, freezing and clipping),
-``VirtualPipeline`` (every stage in one process), ``ByteCounter``, ``PipelineLayout`` /
+``VirtualPipeline`` (every stage in one process), ``ByteCounter``, ``StepShape`` (what a boundary carries per
+training step: ``CodecSpec.mapl`` fits r to a byte budget with it), ``PipelineLayout`` /
 ``build_groups`` (the process groups of stages × replicas), and ``CodecKind`` / ``register_codec`` (a codec of
 one's own: docs/pipeline.md, "Adding a codec").
 """
 
+from slimpar.pipeline.budget import StepShape
 from slimpar.pipeline.codec_registry import CodecKind, register_codec, unregister_codec
 from slimpar.pipeline.groups import PipelineLayout, build_groups
 from slimpar.pipeline.spec import CodecSpec, RVQSpec, StageContext
@@ -22,5 +24,5 @@ from slimpar.pipeline.virtual import VirtualPipeline
 from slimpar.pipeline.wire import ByteCounter
 
 __all__ = ["ByteCounter", "CodecKind", "CodecPipelineStage", "CodecSpec", "MaplTrainingSpec", "PipelineLayout",
-           "RVQSpec", "SharedParamSync", "StageContext", "StageModule", "VirtualPipeline", "build_groups",
+           "RVQSpec", "SharedParamSync", "StageContext", "StageModule", "StepShape", "VirtualPipeline", "build_groups",
            "build_stages", "register_codec", "stage_ranges", "unregister_codec"]

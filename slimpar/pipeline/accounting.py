@@ -10,7 +10,9 @@ A tied embedding and head (kind ``tied``, stage 0 <-> stage P − 1) is not boun
 summed apart as ``tied_bytes_per_step_*``, the rest as ``boundary_bytes_per_step_*`` (activation /
 gradient codes and A's sync), and the ratio is given for the boundaries alone
 (``compression_ratio_boundary*``, what the codec achieves) and for the total (``compression_ratio*``,
-what the pipeline sends). ``comm_bytes_per_step_*`` stay the totals: boundary + tied.
+what the pipeline sends). ``comm_bytes_per_step_*`` stay the totals: boundary + tied. ``boundary_fraction_*`` is
+the boundaries' bytes over ``none``'s (what ``pipeline.compression_of = total`` holds to 1/K), and
+``payload_share_*`` the payload's part of those bytes (the rest: ids, codebooks, A's and anchors' gradient parts).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def summarize(per_rank: list[dict], stages: int, replicas: int, tokens_per_step:
         **_ratios("_boundary", boundary, none),
         "bytes_fraction_fwd": sums["fwd"] / none,
         "bytes_fraction_bwd": sums["bwd"] / none,
+        **{f"boundary_fraction_{k}": boundary[k] / none for k in DIRECTIONS},
+        **{f"payload_share_{k}": _payload(per_boundary, k) / max(boundary[k], 1e-12) for k in DIRECTIONS},
         "comm_breakdown": {f"b{b}": {d_: {c: v[d_].get(c, 0.0) for c in CATEGORIES} for d_ in DIRECTIONS}
                            for b, v in sorted(per_boundary.items())},
         "max_orth_error": max((r["max_orth"] for r in per_rank), default=0.0),
@@ -58,6 +62,11 @@ def summarize(per_rank: list[dict], stages: int, replicas: int, tokens_per_step:
         "pipeline_train_steps_counted": steps,
     }
     return out
+
+
+def _payload(per_boundary: dict, direction: str) -> float:
+    """Payload bytes per step in ``direction``, summed over the boundaries."""
+    return sum(v[direction].get("payload", 0.0) for v in per_boundary.values())
 
 
 def _ratios(suffix: str, sums: dict[str, float], none: float) -> dict[str, float]:
@@ -91,6 +100,10 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
                  ("compression ratio, total with tied exchange", f"{summary.get('compression_ratio', 0):.2f}x")]
     else:
         rows.append(("compression ratio (fwd + bwd)", f"{summary.get('compression_ratio', 0):.2f}x"))
+    if "pipeline_rank" in summary:  # r as the run resolved it; the payload's part of the boundaries' bytes
+        rows.append(("rank r; payload share of boundary bytes (fwd / bwd)",
+                     f"{summary['pipeline_rank']}; {summary.get('payload_share_fwd', 0):.1%} / "
+                     f"{summary.get('payload_share_bwd', 0):.1%}"))
     rows += [("max |AᵀA − I|", f"{summary.get('max_orth_error', 0):.1e}"),
              ("SPEL share of step time", f"{100 * summary.get('spel_time_share', 0):.1f}%")]
     return rows

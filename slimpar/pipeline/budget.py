@@ -79,23 +79,54 @@ def _codebook_bytes(spec: CodecSpec, shape: StepShape) -> float:
     return shape.microbatches * HEADER_BYTES + updates * delta + full
 
 
-def steady_bytes(spec: CodecSpec, shape: StepShape) -> dict[str, float]:
-    """{"fwd": bytes, "bwd": bytes} boundary ``spec`` sends per steady-state training step (see module doc)."""
+def payload_bytes(spec: CodecSpec, shape: StepShape) -> dict[str, float]:
+    """{"fwd": bytes, "bwd": bytes} of the payload alone per step: the codes (RVQ's packed indices) and their
+    gradients, without ids, codebooks, gradient exchanges or checksums."""
     mb = (shape.rows, shape.seq_len)
     m = shape.microbatches
     wire = spec.codec.wire_bytes(mb, spec.width)  # the payload per microbatch each way, as the kind declares it
     if spec.rvq is not None:
-        payload = packed_nbytes(shape.rows * shape.seq_len * spec.rvq.levels, bits_for(spec.rvq.codebook))
-        fwd = m * payload + _codebook_bytes(spec, shape)
+        fwd = packed_nbytes(shape.rows * shape.seq_len * spec.rvq.levels, bits_for(spec.rvq.codebook))
     else:
-        fwd = m * wire["fwd"]
+        fwd = wire["fwd"]
+    return {"fwd": float(m * fwd), "bwd": float(m * wire["bwd"])}
+
+
+def steady_bytes(spec: CodecSpec, shape: StepShape) -> dict[str, float]:
+    """{"fwd": bytes, "bwd": bytes} boundary ``spec`` sends per steady-state training step (see module doc)."""
+    payload = payload_bytes(spec, shape)
+    fwd, bwd = payload["fwd"], payload["bwd"]
+    if spec.rvq is not None:
+        fwd += _codebook_bytes(spec, shape)
     if spec.sends_ids:
-        fwd += m * _nbytes([WireSpec("ids", mb, spec.ids_dtype)])
-    bwd = float(m * wire["bwd"])
+        fwd += shape.microbatches * _nbytes([WireSpec("ids", (shape.rows, shape.seq_len), spec.ids_dtype)])
     shared = _shared_params(spec, shape.tokens)
     sync = sum(_nbytes(part_specs(s, shape.sync_dtype, "sync")) for s in shared)
     checks = 8 * len(shared) / shape.checksum_every if shape.checksum_every and shared else 0.0
     return {"fwd": fwd + sync + checks, "bwd": bwd + sync + checks}
+
+
+@dataclass(frozen=True)
+class BudgetShare:
+    """One boundary's steady-state bytes per step against ``none``'s, each way, as ``steady_bytes`` counts them:
+    ``fraction`` = every byte it sends / none's; ``payload_share`` = the payload's part of those bytes."""
+
+    rank: int  # r (d for a codec that does not project)
+    dim: int
+    fraction: dict[str, float]
+    payload_share: dict[str, float]
+
+    def line(self) -> str:
+        f, p = self.fraction, self.payload_share
+        return (f"r = {self.rank} of d = {self.dim}; a boundary sends {f['fwd']:.3f} (fwd) / {f['bwd']:.3f} (bwd) "
+                f"of none's bytes per step, the payload {p['fwd']:.1%} / {p['bwd']:.1%} of them")
+
+
+def budget_share(spec: CodecSpec, shape: StepShape) -> BudgetShare:
+    """What boundary ``spec`` sends per step as a fraction of ``none``, and the payload's share of it."""
+    sent, payload, none = steady_bytes(spec, shape), payload_bytes(spec, shape), none_bytes(shape, spec.dim)
+    return BudgetShare(spec.width, spec.dim, {k: v / none for k, v in sent.items()},
+                       {k: payload[k] / v if v else 0.0 for k, v in sent.items()})
 
 
 def fit_rank(spec: CodecSpec, shape: StepShape, compression: float) -> int:

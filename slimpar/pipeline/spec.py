@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -27,6 +27,9 @@ from slimpar.codecs.packing import UINT16_LIMIT
 from slimpar.parallel.device import to_device
 from slimpar.parallel.syncs import host_only
 from slimpar.pipeline.codec_kinds import CodecKind, codec_kind, codec_settings
+
+if TYPE_CHECKING:
+    from slimpar.pipeline.budget import StepShape
 
 
 @dataclass(frozen=True)
@@ -76,17 +79,28 @@ class CodecSpec:
         object.__setattr__(self, "settings", codec_settings(self.kind, self.settings or "", self.dim))
 
     @classmethod
-    def mapl(cls, dim: int, compression: int, *, vocab: int, boundary: int = 0, seed: int = 0, rvq_levels: int = 0,
-             microbatches: int = 1, **overrides: Any) -> CodecSpec:
-        """MAPL at r = dim / compression with the CLI's defaults (``slimpar.codec_defaults``): the spec
-        ``slimpar train --pipeline.codec mapl --pipeline.compression K`` builds for ``boundary``.
+    def mapl(cls, dim: int, compression: int, *, vocab: int, step: StepShape | None = None, boundary: int = 0,
+             seed: int = 0, rvq_levels: int = 0, microbatches: int | None = None, **overrides: Any) -> CodecSpec:
+        """MAPL with the CLI's defaults (``slimpar.codec_defaults``) that sends 1/``compression`` of ``none``.
+
+        With ``step`` (a ``StepShape``: what the boundary carries per training step) this is the spec that
+        ``slimpar train --pipeline.codec mapl --pipeline.compression K`` builds for ``boundary``: r is the largest
+        whose every byte per step (payload, A's gradient parts, ids, anchor rows, codebooks) is <= 1/K of the
+        uncompressed boundary's, each way (``compression_of = total``, pipeline/budget.py); ValueError when no r
+        fits. Those bytes depend on the tokens per step, so without ``step`` r = dim / K, the payload alone
+        (the CLI's ``--pipeline.compression_of payload``).
 
         ``rvq_levels`` > 0 adds residual VQ with the default codebook settings; ``microbatches`` is the
-        schedule's count (it paces RVQ's codebook pushes). ``overrides`` take ``resolve_spec``'s keywords, in the
-        ``[pipeline]`` section's terms (``anchors="none"``, ``ids="send"``, ``projector_init="random"``, ``rank=``).
+        schedule's count (it paces RVQ's codebook pushes; default: ``step``'s, else 1). ``overrides`` take
+        ``resolve_spec``'s keywords, in the ``[pipeline]`` section's terms (``anchors="none"``, ``ids="send"``,
+        ``projector_init="random"``, ``rank=``, which wins over ``compression``).
         """
+        if microbatches is None:
+            microbatches = step.microbatches if step is not None else 1
+        if step is not None and step.microbatches != microbatches:
+            raise ValueError(f"microbatches = {microbatches} but step carries {step.microbatches} microbatches")
         return resolve_spec("mapl", dim=dim, vocab=vocab, seed=seed, boundary=boundary, compression=compression,
-                            rvq=default_rvq(rvq_levels), microbatches=microbatches, **overrides)
+                            step=step, rvq=default_rvq(rvq_levels), microbatches=microbatches, **overrides)
 
     @property
     def codec(self) -> CodecKind:
@@ -168,24 +182,48 @@ def resolve_projector_init(codec: str, d: int, r: int, projector_init: str) -> s
 _D = CODEC_DEFAULTS  # keeps resolve_spec's signature readable
 
 
+class NoRankFits(ValueError):
+    """Even r = 1 sends more than the byte budget: what does not shrink with r already exceeds it."""
+
+
 def resolve_spec(codec: str, *, dim: int, vocab: int, seed: int, boundary: int = 0, rank: int = 0,
-                 compression: int = 1, anchors: str = _D.anchors, anchor_dim: int = _D.anchor_dim,
-                 anchor_form: str = _D.anchor_form, anchor_init: str = _D.anchor_init, ids: str = _D.ids,
-                 projector_init: str = _D.projector_init, rvq: RVQSpec | None = None,
+                 compression: int = 1, step: StepShape | None = None, anchors: str = _D.anchors,
+                 anchor_dim: int = _D.anchor_dim, anchor_form: str = _D.anchor_form, anchor_init: str = _D.anchor_init,
+                 ids: str = _D.ids, projector_init: str = _D.projector_init, rvq: RVQSpec | None = None,
                  microbatches: int = 1, options: str | Mapping[str, Any] = "") -> CodecSpec:
     """The spec of one boundary from choices in the ``[pipeline]`` section's terms (``auto``, ``ids`` local | send),
     resolved here for the trainer and the library alike; the keywords default to ``CODEC_DEFAULTS``.
 
-    ``rank`` 0 means dim / compression (the trainer may then refit r to a byte budget: pipeline/budget.py);
-    ``options`` are the kind's own settings (``pipeline.codec_options``: "k=32", or a mapping)."""
+    A projector codec's r: ``rank`` when set; else, given ``step`` (what the boundary carries per training
+    step), the largest r whose every byte per step is <= 1/compression of ``none``'s each way (pipeline/budget.py;
+    ``NoRankFits`` when not even r = 1 is); else dim / compression (the payload alone). The spec is resolved at
+    that r, so ``auto``'s PCA start follows the r the boundary uses. ``options`` are the kind's own settings
+    (``pipeline.codec_options``: "k=32", or a mapping)."""
     if ids not in ("local", "send"):  # anything else would silently read ids locally
         raise ValueError(f"ids = {ids!r} is not one of: local, send")
-    r = resolve_rank(codec, dim, rank, compression)
-    return CodecSpec(kind=codec, boundary=boundary, dim=dim, rank=r, vocab=vocab, seed=seed,
-                     anchors=resolve_anchors(codec, anchors), anchor_dim=anchor_dim, anchor_form=anchor_form,
-                     anchor_init=anchor_init, ids_on_wire=ids == "send", rvq=rvq, microbatches=microbatches,
-                     projector_init=resolve_projector_init(codec, dim, r, projector_init),
-                     settings=codec_settings(codec, options, dim))
+
+    def at(r: int) -> CodecSpec:
+        return CodecSpec(kind=codec, boundary=boundary, dim=dim, rank=r, vocab=vocab, seed=seed,
+                         anchors=resolve_anchors(codec, anchors), anchor_dim=anchor_dim, anchor_form=anchor_form,
+                         anchor_init=anchor_init, ids_on_wire=ids == "send", rvq=rvq, microbatches=microbatches,
+                         projector_init=resolve_projector_init(codec, dim, r, projector_init),
+                         settings=codec_settings(codec, options, dim))
+
+    spec = at(resolve_rank(codec, dim, rank, compression))
+    if step is None or rank or not spec.projected:
+        return spec
+    return at(_fitted_rank(spec, step, compression))
+
+
+def _fitted_rank(spec: CodecSpec, step: StepShape, compression: int) -> int:
+    from slimpar.pipeline.budget import fit_rank  # budget counts a spec's bytes: it imports this module
+
+    r = fit_rank(spec, step, compression)
+    if r < 1:
+        raise NoRankFits(f"compression {compression}: even rank 1 sends more than 1/{compression} of the "
+                         "uncompressed boundary's bytes per step (its payload plus what does not shrink with r: "
+                         "token ids, codebooks, anchor rows)")
+    return r
 
 
 WHOLE_BATCH = -1  # ``StageContext.microbatch`` of a one-pass step: every microbatch of the step at once

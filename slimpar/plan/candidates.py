@@ -8,8 +8,8 @@ The grid, for W = nodes x gpus_per_node workers (every candidate uses all of the
   subnetworks), each with and without AC;
 - pipelines of P = 2, 4 and 8 stages (those that divide W; slimpar's pipelines have at most 8) times W / P
   replicas, with the most microbatches up to 2P that split a replica's batch, and codec none, MAPL 4x (every
-  byte a boundary sends at most 1/4 of none's, as the quality study measured it), MAPL 8x and MAPL 16x
-  without and with RVQ (r = d / K);
+  byte a boundary sends at most 1/4 of none's, as the tuned quality study measured it), MAPL 8x and MAPL 16x
+  without and with RVQ (r = d / K: ``compression_of payload``, as the quality study measured them);
 - the hybrid: 4-stage pipelines whose stage replicas run SDP at keep 1/2, with MAPL 4x.
 
 A candidate that a config rule refuses (a batch that does not split, fewer layers than stages) is kept
@@ -21,12 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SDP_KEEPS = (0.375, 0.5)
+_PAYLOAD = ("--pipeline.compression_of", "payload")  # r = d / K
 CODECS: dict[str, tuple[str, ...]] = {
     "none": ("--pipeline.codec", "none"),
     "MAPL 4x": ("--pipeline.codec", "mapl", "--pipeline.compression", "4", "--pipeline.compression_of", "total"),
-    "MAPL 8x": ("--pipeline.codec", "mapl", "--pipeline.compression", "8"),
-    "MAPL 16x": ("--pipeline.codec", "mapl", "--pipeline.compression", "16"),
-    "MAPL 16x + RVQ": ("--pipeline.codec", "mapl", "--pipeline.compression", "16", "--pipeline.rvq.levels", "2"),
+    "MAPL 8x": ("--pipeline.codec", "mapl", "--pipeline.compression", "8", *_PAYLOAD),
+    "MAPL 16x": ("--pipeline.codec", "mapl", "--pipeline.compression", "16", *_PAYLOAD),
+    "MAPL 16x + RVQ": ("--pipeline.codec", "mapl", "--pipeline.compression", "16", "--pipeline.rvq.levels", "2",
+                       *_PAYLOAD),
 }
 _AC = ("--train.activation_checkpointing", "true")
 

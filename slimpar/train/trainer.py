@@ -65,6 +65,9 @@ class Trainer:
         check_init_from(cfg, ctx.out_dir)  # again in every worker, before it reads the weights
         model = build_model(cfg, self.data)
         self.strategy = build_strategy(run_plan(cfg, getattr(self.data, "vocab_size", None)), model, ctx)
+        note = self.strategy.startup_note()
+        if note and ctx.is_main:
+            print(note, flush=True)
         self.optimizer = self.strategy.build_optimizer(cfg)  # AdamW; pipelines add SPEL for Stiefel projectors
         self.total = total_steps(cfg)
         self.eval_every = eval_every(cfg, self.total)

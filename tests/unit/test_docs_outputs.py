@@ -33,9 +33,11 @@ def test_tied_and_boundary_keys_of_a_pipeline_summary_are_documented():
     prefixes = ("tied_", "boundary_", "compression_ratio_boundary")
     keys = [k for k in summarize([rank], 2, 1, 1, 1) if k.startswith(prefixes)]
     pipeline = (ROOT / "docs" / "pipeline.md").read_text()
-    assert len(keys) == 7
+    assert len(keys) == 9  # with boundary_fraction_fwd/_bwd
     for stem in ("tied_bytes_per_step_fwd", "boundary_bytes_per_step_fwd", "compression_ratio_boundary"):
         assert stem in OUTPUTS and stem in pipeline and stem in README, stem
+    for stem in ("boundary_fraction_fwd", "payload_share_fwd", "pipeline_rank"):  # what compression K became
+        assert stem in OUTPUTS and stem in pipeline, stem
 
 
 def test_membership_record_and_sample_positions_are_documented(tmp_path):

@@ -84,9 +84,11 @@ def test_model_bounds_the_counter_where_bytes_depend_on_the_data(data, name: str
         assert got["fwd"] <= bound["fwd"] and got["bwd"] <= bound["bwd"]
 
 
-def test_the_payload_meaning_is_unchanged_and_total_asks_for_less() -> None:
-    payload = load_run_config(TINY, [*VIRTUAL_PIPELINE, "--pipeline.codec", "mapl"])
-    total = load_run_config(TINY, [*VIRTUAL_PIPELINE, "--pipeline.codec", "mapl", "--pipeline.compression_of", "total"])
+def test_the_payload_meaning_is_unchanged_and_total_the_default_asks_for_less() -> None:
+    payload = load_run_config(TINY, [*VIRTUAL_PIPELINE, "--pipeline.codec", "mapl", "--pipeline.compression_of",
+                                     "payload"])
+    total = load_run_config(TINY, [*VIRTUAL_PIPELINE, "--pipeline.codec", "mapl"])  # the default meaning
+    assert total.pipeline.compression_of == "total"
     assert codec_specs(payload, 64, 512)[0].rank == 16
     # d = 64, 8 x 64 tokens in 4 microbatches: A's int8 parts (64 r + 256 bytes) come off the payload's share
     spec = codec_specs(total, 64, 512)[0]
@@ -98,7 +100,7 @@ def test_the_payload_meaning_is_unchanged_and_total_asks_for_less() -> None:
 def test_no_rank_fits_is_one_clear_error() -> None:
     rvq = ["--pipeline.codec", "mapl", "--pipeline.compression", "64", "--pipeline.rvq.levels", "4"]
     with pytest.raises(ConfigError, match="even rank 1 sends more than 1/64"):  # what the CLI checks before a run
-        load_run_config(TINY, [*VIRTUAL_PIPELINE, *rvq, "--pipeline.compression_of", "total"])
-    load_run_config(TINY, [*VIRTUAL_PIPELINE, *rvq])  # the payload meaning: rank 1
+        load_run_config(TINY, [*VIRTUAL_PIPELINE, *rvq])  # the default meaning: total
+    load_run_config(TINY, [*VIRTUAL_PIPELINE, *rvq, "--pipeline.compression_of", "payload"])  # rank 1
     with pytest.raises(ConfigError, match="compression_of = 'bytes' is not one of: payload, total"):
         load_run_config(TINY, [*VIRTUAL_PIPELINE, "--pipeline.compression_of", "bytes"])

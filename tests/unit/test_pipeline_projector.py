@@ -244,7 +244,9 @@ def test_bench_rows_for_the_projector_ablations_are_valid() -> None:
 
 @pytest.mark.parametrize(("args", "expected"), [
     ([], "pca"),  # the default for MAPL with r < d: it won the long-regime benchmark (docs/results/quality)
-    (["--pipeline.compression", "1"], "random"),  # r = d: the identity start keeps a full-rank codec exact
+    (["--pipeline.compression", "1", "--pipeline.compression_of", "payload"], "random"),  # r = d: the identity
+    # start keeps a full-rank codec exact (all of none's bytes, the total meaning, leaves r < d: A's exchange counts)
+    (["--pipeline.compression", "1"], "pca"),
     (["--pipeline.rank", "64"], "random"),
     (["--pipeline.projector_init", "random"], "random"),
     (["--pipeline.codec", "ssn"], "random"),

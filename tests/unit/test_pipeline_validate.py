@@ -35,7 +35,8 @@ BAD = {
                                  "add --model.tie_embeddings false"),
     "anchors without projector": (["--pipeline.anchors", "factorized"], "needs a learned projector codec"),
     "anchors with ssn": (["--pipeline.codec", "ssn", "--pipeline.anchors", "full"], "own fixed token table"),
-    "compression not dividing d": (["--pipeline.codec", "mapl", "--pipeline.compression", "3"],
+    "compression not dividing d": (["--pipeline.codec", "mapl", "--pipeline.compression", "3",
+                                    "--pipeline.compression_of", "payload"],
                                    "does not divide d = 64"),
     "virtual with workers": (["--pipeline.virtual", "true"], "set --parallel.workers 1"),
     "1f1b too few microbatches": (["--parallel.workers", "4", "--pipeline.stages", "4", "--pipeline.microbatches",
@@ -66,7 +67,9 @@ def test_cuda_without_enough_gpus_is_rejected(monkeypatch) -> None:
 def test_good_configs_pass() -> None:
     load_run_config(TINY, GOOD)
     load_run_config(TINY, GOOD + ["--pipeline.codec", "mapl", "--pipeline.anchors", "factorized",
-                              "--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "65536"])
+                              "--pipeline.rvq.levels", "2", "--pipeline.rvq.codebook", "65536",
+                              "--pipeline.compression_of", "payload"])  # its codebooks alone exceed 1/4 of the total
+    load_run_config(TINY, GOOD + ["--pipeline.codec", "mapl", "--pipeline.compression", "3"])  # total: no divisor
     cfg = load_run_config(TINY, GOOD + ["--parallel.workers", "1", "--pipeline.virtual", "true"])
     assert cfg.pipeline.virtual and cfg.parallel.workers == 1
     for stages in ("2", "3"):  # tied embeddings: stage 0 and the last stage keep one weight in sync

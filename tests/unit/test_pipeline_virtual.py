@@ -162,8 +162,10 @@ BYTE_CASES = {
 @pytest.mark.parametrize("name", list(BYTE_CASES))
 def test_bytes_per_step_equal_hand_counts(data, name: str) -> None:
     # the random start: the PCA start's one-off bytes at step 0 are counted in test_pipeline_projector.py
+    # and r = d / K (compression_of payload): the hand count divides the payload; the total meaning's r is
+    # the byte model's (test_pipeline_budget.py)
     cfg = _cfg("--pipeline.stages", "3", "--pipeline.microbatches", "2", "--pipeline.projector_init", "random",
-               *BYTE_CASES[name])
+               "--pipeline.compression_of", "payload", *BYTE_CASES[name])
     strat, _ = _train_virtual(data, cfg, 2)
     x, _ = _batch_fn(data, cfg)(1, 0)
     expected = _expected_bytes(cfg, x, 3)
@@ -188,7 +190,7 @@ def test_bytes_per_step_equal_hand_counts(data, name: str) -> None:
 def test_rvq_bytes_and_receiver_decodes_match_the_sender(data, update_every: str, kinds: list[str]) -> None:
     cfg = _cfg("--pipeline.microbatches", "2", "--pipeline.codec", "mapl", "--pipeline.rvq.levels", "2",
                "--pipeline.rvq.codebook", "64", "--pipeline.rvq.sync_every", "2",
-               "--pipeline.rvq.update_every", update_every)
+               "--pipeline.rvq.update_every", update_every, "--pipeline.compression_of", "payload")  # r = d / 4
     strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX, run_plan(cfg, data.vocab_size))
     opt = strat.build_optimizer(cfg)
     enc, pipe = strat.stages[0].encoder, strat.pipe

@@ -24,7 +24,8 @@ R = D // 4  # MAPL 4x
 def _run(tie: str, *overrides: str) -> tuple[dict, object]:
     cfg = load_run_config(TINY, [*VIRTUAL_PIPELINE, "--model.tie_embeddings", tie, "--pipeline.stages", "2",
                                  "--pipeline.microbatches", "2", "--pipeline.codec", "mapl",
-                                 "--pipeline.compression", "4", "--pipeline.projector_init", "random", *overrides])
+                                 "--pipeline.compression", "4", "--pipeline.compression_of", "payload",
+                                 "--pipeline.projector_init", "random", *overrides])
     data = build_data(cfg)
     strat = train_virtual_pipeline(cfg, data, STEPS)
     strat.evaluate(data, cfg)  # evaluation traffic is not training traffic

@@ -153,6 +153,10 @@ class Strategy:
         """Extra rows of the closing table."""
         return []
 
+    def startup_note(self) -> str | None:
+        """A line the trainer prints once before the first step (the main process): None, or the strategy's."""
+        return None
+
     def val_gap_fix(self) -> str:
         """What to try when validation loss is far above training loss (the run's closing warning)."""
         return ("the model may overfit, or the validation data differ from the training data (data.*); "

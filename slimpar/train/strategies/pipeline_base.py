@@ -29,7 +29,7 @@ from slimpar.pipeline.ssn import effective_state_dict
 from slimpar.pipeline.wire import ByteCounter
 from slimpar.train.checkpoint.pipeline import PipelineCheckpoint
 from slimpar.train.strategies.base import Strategy
-from slimpar.train.strategies.pipeline_specs import training_spec
+from slimpar.train.strategies.pipeline_specs import codec_line, codec_share, training_spec
 
 
 class PipelineStrategyBase(Strategy, abc.ABC):
@@ -52,6 +52,7 @@ class PipelineStrategyBase(Strategy, abc.ABC):
         self._summary: dict = {}
         self._checkpoint: PipelineCheckpoint | None = None
         self._pca_restarted = False
+        self.codec_share = codec_share(cfg, stage_spec(stages[0]))  # r and the byte model's share of none
 
     # -- checkpoints ------------------------------------------------------------------------------
     @property
@@ -183,7 +184,11 @@ class PipelineStrategyBase(Strategy, abc.ABC):
     def summary_extras(self) -> dict:
         """The pipeline's numbers; after a resume also what the checkpoint's codec state became per cut."""
         resumed = self._checkpoint.report if self._checkpoint is not None else None
-        return {**self._summary, "pipeline_resume": resumed}
+        return {**self._summary, "pipeline_rank": self.codec_share.rank, "pipeline_resume": resumed}
+
+    def startup_note(self) -> str | None:
+        """The codec, what its compression means, r and its bytes against none (the trainer prints it once)."""
+        return codec_line(self.cfg, self.codec_share)
 
     def summary_rows(self, summary: dict) -> list[tuple[str, str]]:
         return accounting.summary_rows(summary)
@@ -197,6 +202,12 @@ class PipelineStrategyBase(Strategy, abc.ABC):
             out.update({f"codecs.{k}": v.detach().cpu().clone() for k, v in s.codecs.state_dict().items()
                         if isinstance(v, torch.Tensor)})
         return out
+
+
+def stage_spec(stage: StageModule):
+    """The codec spec of a stage's boundary (every boundary of a run has the same but for its index)."""
+    half = stage.encoder if stage.encoder is not None else stage.decoder
+    return half.spec
 
 
 def tie_exported(state: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Tensor]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from slimpar.config import Config, ConfigError
-from slimpar.pipeline.budget import StepShape, fit_rank
-from slimpar.pipeline.spec import CodecSpec, default_rvq, resolve_spec
+from slimpar.pipeline.budget import BudgetShare, StepShape, budget_share
+from slimpar.pipeline.spec import CodecSpec, NoRankFits, default_rvq, resolve_spec
 from slimpar.pipeline.training import MaplTrainingSpec
 from slimpar.train.build import total_steps
 
@@ -20,28 +20,24 @@ def codec_specs(cfg: Config, d: int, vocab: int) -> list[CodecSpec]:
     """One spec per boundary p = 0..P−2 from ``cfg.pipeline``, through ``resolve_spec``: the path
     ``CodecSpec.mapl`` takes too, so the library's MAPL is the CLI's.
 
-    The one place that decides a run's r: ``pipeline.rank``, else d / K, else (``compression_of = total``) the
-    budget's fit (``run_rank``); the spec is then resolved at that r, so what follows from r (``auto``'s PCA
-    start for r < d) follows from the r the run uses. Everything else reads r and the start from these specs."""
-    r = run_rank(cfg, _resolve(cfg, d, vocab, cfg.pipeline.rank))
+    The one place that decides a run's r: ``pipeline.rank``, else (``compression_of = total``, the default) the
+    largest r whose every byte per step is <= 1/K of ``none``'s each way for this run's ``step_shape``, else
+    (``payload``) d / K. Everything else reads r and the start from these specs."""
     pc = cfg.pipeline
-    if r < 1:
-        raise ConfigError(f"pipeline.compression = {pc.compression} with compression_of = 'total': even rank 1 sends "
-                          f"more than 1/{pc.compression} of the uncompressed pipeline's bytes per step (its payload "
-                          "plus what does not shrink with r: token ids, codebooks, anchor rows); lower the "
-                          "compression, read ids locally (--pipeline.ids local) or use compression_of = 'payload'")
-    spec = _resolve(cfg, d, vocab, r)
+    step = step_shape(cfg) if pc.compression_of == "total" else None
+    try:
+        spec = resolve_spec(pc.codec, dim=d, vocab=vocab, seed=cfg.train.seed, rank=pc.rank,
+                            compression=pc.compression, step=step, anchors=pc.anchors, anchor_dim=pc.anchor_dim,
+                            anchor_form=pc.anchor_form, anchor_init=pc.anchor_init, ids=pc.ids,
+                            projector_init=pc.projector_init, rvq=default_rvq(pc.rvq.levels, pc.rvq),
+                            microbatches=pc.microbatches, options=pc.codec_options)
+    except NoRankFits:
+        raise ConfigError(f"pipeline.compression = {pc.compression} with compression_of = 'total' (the default): "
+                          f"even rank 1 sends more than 1/{pc.compression} of the uncompressed pipeline's bytes per "
+                          "step (its payload plus what does not shrink with r: token ids, codebooks, anchor rows); "
+                          "lower the compression, read ids locally (--pipeline.ids local) or divide the payload "
+                          "alone (--pipeline.compression_of payload)") from None
     return [dataclasses.replace(spec, boundary=p) for p in range(pc.stages - 1)]
-
-
-def _resolve(cfg: Config, d: int, vocab: int, rank: int) -> CodecSpec:
-    """``resolve_spec`` with every ``[pipeline]`` codec setting at rank ``rank`` (0: d / compression)."""
-    pc = cfg.pipeline
-    return resolve_spec(pc.codec, dim=d, vocab=vocab, seed=cfg.train.seed, rank=rank, compression=pc.compression,
-                        anchors=pc.anchors, anchor_dim=pc.anchor_dim, anchor_form=pc.anchor_form,
-                        anchor_init=pc.anchor_init, ids=pc.ids, projector_init=pc.projector_init,
-                        rvq=default_rvq(pc.rvq.levels, pc.rvq), microbatches=pc.microbatches,
-                        options=pc.codec_options)
 
 
 def step_shape(cfg: Config) -> StepShape:
@@ -52,13 +48,17 @@ def step_shape(cfg: Config) -> StepShape:
     return StepShape(rows, cfg.data.seq_len, pc.microbatches, pc.sync_dtype, pc.checksum_every)
 
 
-def run_rank(cfg: Config, spec: CodecSpec) -> int:
-    """r of the run: ``pipeline.rank``, or d / K, or with ``compression_of = total`` the largest r whose every
-    byte per step is <= 1/K of ``none``'s each way (pipeline/budget.py); 0 when none fits."""
+def codec_share(cfg: Config, spec: CodecSpec) -> BudgetShare:
+    """What each boundary of this run sends per step against ``none`` (the byte model's count) at ``spec``'s r."""
+    return budget_share(spec, step_shape(cfg))
+
+
+def codec_line(cfg: Config, share: BudgetShare) -> str:
+    """The start-up line naming a run's codec, what its compression means, its r and its bytes against none."""
     pc = cfg.pipeline
-    if pc.compression_of != "total" or pc.rank or not spec.projected:
-        return spec.rank
-    return fit_rank(spec, step_shape(cfg), pc.compression)
+    meaning = "every byte" if pc.compression_of == "total" else "the payload"
+    asked = f"rank {pc.rank}" if pc.rank else f"compression {pc.compression} of {meaning} ({pc.compression_of})"
+    return f"pipeline codec {pc.codec}, {asked}: {share.line()}"
 
 
 def training_spec(cfg: Config) -> MaplTrainingSpec:

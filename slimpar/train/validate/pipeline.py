@@ -23,7 +23,7 @@ MAX_CODEBOOK = 1 << 16
 # codec rules below (which need the model and parallel.mode = "pipeline") refine them.
 PIPELINE_RANGES: dict[str, Range] = {
     "pipeline.stages": Range(1), "pipeline.microbatches": Range(1),
-    "pipeline.rank": Range(0, why="0 = d / compression"), "pipeline.compression": Range(1),
+    "pipeline.rank": Range(0, why="0 = fitted to pipeline.compression"), "pipeline.compression": Range(1),
     "pipeline.anchor_dim": Range(1),
     "pipeline.spel_lr": Range(0, lo_open=True, why="SPEL's spectral step length"),
     "pipeline.spel_momentum": Range(0, 1, hi_open=True, why="SPEL's momentum"),
@@ -49,6 +49,7 @@ def validate_pipeline(cfg: Config) -> None:
     _check_layout(cfg, lc.n_layers)
     _check_codec(cfg, lc.dim)
     _check_rvq(cfg)
+    _check_budget(cfg, lc.dim)
     _check_projector(cfg)
     _check_hybrid(cfg)
     if lc.tie_embeddings and CODEC_KINDS[cfg.pipeline.codec].token_table:
@@ -113,15 +114,12 @@ def _check_codec(cfg: Config, d: int) -> None:
     if kind.projects:
         if pc.rank > d:
             raise ConfigError(f"pipeline.rank = {pc.rank} is larger than the model width d = {d}; choose r <= d")
-        if not pc.rank and pc.compression_of == "payload" and d % pc.compression:
-            raise ConfigError(f"pipeline.compression = {pc.compression} does not divide d = {d}; "
-                              "set --pipeline.rank r instead")
-        if resolve_rank(pc.codec, d, pc.rank, pc.compression) < 1:
-            raise ConfigError(f"pipeline.compression = {pc.compression} leaves rank 0 for d = {d}")
-        if pc.compression_of == "total" and not pc.rank:
-            from slimpar.train.run_plan import run_plan
-
-            _ = run_plan(cfg).codecs  # r is decided there, once: ConfigError when no rank fits the budget
+        if not pc.rank and pc.compression_of == "payload":  # r = d / K
+            if d % pc.compression:
+                raise ConfigError(f"pipeline.compression = {pc.compression} with compression_of = 'payload' (r = d / "
+                                  f"K) does not divide d = {d}; set --pipeline.rank r instead")
+            if resolve_rank(pc.codec, d, pc.rank, pc.compression) < 1:
+                raise ConfigError(f"pipeline.compression = {pc.compression} leaves rank 0 for d = {d}")
     anchors = resolve_anchors(pc.codec, pc.anchors)
     if anchors != "none":
         if not kind.learned:
@@ -135,6 +133,15 @@ def _check_codec(cfg: Config, d: int) -> None:
                           f"{pc.spel_momentum}")
     if pc.checksum_every < 0:
         raise ConfigError(f"pipeline.checksum_every must be >= 0 (0 = never), got {pc.checksum_every}")
+
+
+def _check_budget(cfg: Config, d: int) -> None:
+    """``compression_of = total`` (the default) without a rank: some r must keep every byte <= 1/K of none's."""
+    pc = cfg.pipeline
+    if pc.compression_of == "total" and not pc.rank and CODEC_KINDS[pc.codec].projects:
+        from slimpar.train.run_plan import run_plan
+
+        _ = run_plan(cfg).codecs  # r is decided there, once: ConfigError when no rank fits the budget
 
 
 def _check_rvq(cfg: Config) -> None:
