@@ -216,7 +216,7 @@ def resolve_spec(codec: str, *, dim: int, vocab: int, seed: int, boundary: int =
 
 
 def _fitted_rank(spec: CodecSpec, step: StepShape, compression: int) -> int:
-    from slimpar.pipeline.budget import fit_rank  # budget counts a spec's bytes: it imports this module
+    from slimpar.pipeline.budget import fit_rank
 
     r = fit_rank(spec, step, compression)
     if r < 1:

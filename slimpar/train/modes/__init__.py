@@ -21,5 +21,8 @@ MODES: dict[str, Mode] = {m.name: m for m in (Single(), DDP(), FSDP(), SDP(), Pi
 
 
 def mode_of(cfg: Config) -> Mode:
-    """The run's mode; ``parallel.mode`` is checked against :data:`MODES` first (slimpar.train.validate)."""
+    """The run's mode (ConfigError naming the choices for an unknown ``parallel.mode``)."""
+    from slimpar.config import check_choice
+
+    check_choice("parallel.mode", cfg.parallel.mode, tuple(MODES))
     return MODES[cfg.parallel.mode]
