@@ -10,8 +10,10 @@ row at one learning rate (``GROUPS``):
   gradient of the global batch). B-SDP 0.5 and 3/8, N-SDP 0.5, Bb-SDP 0.5 and 3/8, FLOP-matched B-SDP 0.5.
 - ``mapl``: 4 blocks in 4 stages (one block per stage). The codecs of ``bench mapl`` and the projector
   ablations of issue 10, plus MAPL 16x without RVQ (RVQ's own cost) and the four projector changes at 8x
-  and 16x + RVQ. The schedule is GPipe with one micro-batch: in one process a schedule only orders the
-  same computations, and one micro-batch is the fastest.
+  and 16x + RVQ; those with a rank divide the payload (r = d / K, ``bench mapl``'s pin). "MAPL 4x of every byte
+  (default)" is slimpar's default MAPL 4x since K counts every byte (``MAPL_DEFAULT``). The schedule is GPipe
+  with one micro-batch: in one process a schedule only orders the same computations, and one micro-batch is the
+  fastest.
 - ``mapl-deep``: the all-boundary variant closer to the paper: 8 blocks, 2 per stage.
 - ``mapl-lr1e-3``: the main pipeline comparisons again at learning rate 1e-3 instead of 2e-3.
 - ``resnet``: ResNet-18 at width 16 on Fashion-MNIST for 3 epochs (width 64 takes 2.7 s a step here).
@@ -112,6 +114,11 @@ _MAPL_BEFORE = ("--pipeline.codec", "mapl", *_CODEC4, "--pipeline.projector_init
 _MAPL_BEST = ("--pipeline.codec", "mapl", *_CODEC4, "--pipeline.projector_init", "pca", "--pipeline.spel_schedule",
               "constant", "--pipeline.spel_lr", "0.001", "--pipeline.clip_projector", "separate", "--pipeline.anchors",
               "factorized", "--pipeline.anchor_init", "zero", "--pipeline.anchor_form", "receiver")
+# the mapl group's MAPL 4x at slimpar's defaults once compression K meant every byte (compression_of total): the
+# flags of the tuned group's MAPL 4x (receiver anchors, which start at zero whatever anchor_init says; ids read
+# locally), r = 29 here, at the group's one rate. Its final evaluation is the other mapl rows': they ran before
+# llama_quality.toml read 262k tokens at the end (eval.final_tokens), so it reads eval.batches as they did
+MAPL_DEFAULT = {"MAPL 4x of every byte (default)": [*_MAPL_BEST, *_MATCHED, "--eval.final_tokens", "0"]}
 TUNED = {
     "none": [*_PIPE4, "--pipeline.codec", "none", *_CODEC4],
     "SSN 4x": [*_PIPE4, "--pipeline.codec", "ssn", *_CODEC4, *_MATCHED],
@@ -205,7 +212,7 @@ def rows(steps: int = STEPS, seeds: tuple[int, ...] = SEEDS, groups: tuple[str, 
     if "sdp" in groups:
         plan += sdp[:4]
     if "mapl" in groups:
-        plan += mapl[4:]
+        plan += mapl[4:] + [("mapl", n, ["--model.n_layers", "4", *PIPE, *o]) for n, o in MAPL_DEFAULT.items()]
     if "sdp" in groups:
         plan += sdp[4:]
     if "mapl-ablations" in groups:

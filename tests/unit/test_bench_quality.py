@@ -26,7 +26,8 @@ def test_every_row_the_issue_names_runs_with_three_seeds():
             "MAPL 16x + RVQ", "MAPL 4x + PCA init", "MAPL 4x + own SPEL schedule", "MAPL 4x + separate clip",
             "MAPL 4x + zero anchors", "MAPL 4x + PCA + frozen after N", "MAPL 4x + all changes",
             "MAPL 16x (no RVQ)", "MAPL 8x + all changes", "MAPL 16x + RVQ + all changes",
-            "MAPL 16x + all changes (no RVQ)", "MAPL 16x + RVQ + all changes - commitment"}
+            "MAPL 16x + all changes (no RVQ)", "MAPL 16x + RVQ + all changes - commitment",
+            "MAPL 4x of every byte (default)"}
     assert {n for g, n in names if g == "sdp"} == sdp
     assert {n for g, n in names if g == "mapl"} == mapl
     assert {n for g, n in names if g == "mapl-deep"} >= {"none", "MAPL 4x", "SSN 4x"}
