@@ -243,6 +243,8 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
         if halves:
             out.append("\nGap on each half: the same paired gap measured on the first and on the second half of the "
                        "held-out set; their difference is the evaluation's noise floor.\n")
+        if group == "mapl" and results:
+            out.append(every_byte_note(mine, [r for r in results if r["group"] == group]))
         if group.endswith("lr-sweep"):
             out.append(sweep_markdown(mine))
         if group in TREND_GROUPS and results:
@@ -256,6 +258,43 @@ def report_markdown(lines: list[dict], meta: dict, pending: list[str], failed: l
     out.append("\nCommands (one seed each; the others differ in `--train.seed`):\n\n" + "\n".join(
         f"- {ln['group']} / {ln['row']}: `{ln['command']}`" for ln in lines) + "\n")
     return "".join(out)
+
+
+# the mapl group's MAPL 4x at K of every byte (compression_of total, the default) and its row at r = d / K
+EVERY_BYTE, PAYLOAD_ROW = "MAPL 4x of every byte (default)", "MAPL 4x + all changes"
+
+
+def every_byte_note(lines: list[dict], runs: list[dict]) -> str:
+    """One paragraph under the mapl table: the default MAPL 4x (K of every byte) against the group's MAPL 4x at
+    r = d / K, each with its paired gap to none, r and its bytes as a fraction of none's (the runs' summaries);
+    '' until both rows have run."""
+    new, old = _line(lines, "mapl", EVERY_BYTE), _line(lines, "mapl", PAYLOAD_ROW)
+    if not new or not old or new.get("val_loss_gap") is None or old.get("val_loss_gap") is None:
+        return ""
+    if not all(any(r["row"] == row and r["summary"].get("bytes_fraction_fwd") is not None for r in runs)
+               for row in (EVERY_BYTE, PAYLOAD_ROW)):
+        return ""
+
+    def about(row: str) -> tuple[str, str, set[str]]:
+        mine = [r["summary"] for r in runs if r["row"] == row and r["summary"].get("bytes_fraction_fwd") is not None]
+        ranks = {s.get("pipeline_rank") for s in mine}
+        rank = f"r = {ranks.pop()}" if len(ranks) == 1 and None not in ranks else "r = d / K"
+        frac = "/".join(fmt(statistics.fmean(s[f"bytes_fraction_{k}"] for s in mine), 3) for k in ("fwd", "bwd"))
+        return rank, frac, {s.get("git_commit", "")[:7] for s in mine}
+
+    (r_new, f_new, commits), (r_old, f_old, _) = about(EVERY_BYTE), about(PAYLOAD_ROW)
+    at = ", ".join(f"`{c}`" for c in sorted(commits))
+    diff = new["val_loss_gap"] - old["val_loss_gap"]
+    spread = (new["val_loss_gap_std"] or 0) + (old["val_loss_gap_std"] or 0)
+    verdict = "larger than" if abs(diff) > spread else "within"
+    return (f"\n**K of every byte.** {EVERY_BYTE} (`--pipeline.compression 4` as slimpar reads it by default, "
+            f"`compression_of total`: receiver-only anchors, token ids read locally; {r_new}) sends {f_new} of none's "
+            f"bytes per step (fwd/bwd) and ends {_pm(new['val_loss_gap'], new['val_loss_gap_std'], pct=True)} above "
+            f"none in validation loss ({len(new['seeds'])} seeds, paired), against "
+            f"{_pm(old['val_loss_gap'], old['val_loss_gap_std'], pct=True)} for {PAYLOAD_ROW} ({r_old}, symmetric "
+            f"anchors, ids sent: {f_old} of none's bytes): {100 * diff:+.2f} points, {verdict} the two seed spreads "
+            f"summed ({100 * spread:.2f}). Its runs ran one at a time at commit {at}, "
+            "after the rest of the group, with the final evaluation the others read (`--eval.final_tokens 0`).\n")
 
 
 def sweep_markdown(lines: list[dict]) -> str:

@@ -423,3 +423,22 @@ def test_a_long_run_s_curve_is_thinned_keeping_every_evaluation():
     assert [c["step"] for c in got] == list(range(125, 32001, 125)) and got[-1] is curve[-1]
     short = {"curve": curve[:250]}
     assert quality.thin(short) is short
+
+
+def test_the_mapl_table_compares_k_of_every_byte_with_r_d_over_k():
+    """The note under the mapl table: the default MAPL 4x's paired gap, r and bytes against the r = d / K row's."""
+    runs = [_run("mapl", "none", s, 4.0) for s in (0, 1)]
+    for name, vals, rank, frac in ((quality_report.PAYLOAD_ROW, (4.16, 4.2), None, 0.3),
+                                   (quality_report.EVERY_BYTE, (4.2, 4.24), 29, 0.243)):
+        for s, v in enumerate(vals):
+            run = _run("mapl", name, s, v)
+            run["summary"].update(bytes_fraction_fwd=frac, bytes_fraction_bwd=frac - 0.004, git_commit="abcdef012",
+                                  **({"pipeline_rank": rank} if rank else {}))
+            runs.append(run)
+    lines = quality_report.aggregate(runs)
+    assert quality_report.every_byte_note(lines, runs[:4]) == ""  # the default row has not run
+    note = quality_report.every_byte_note(lines, runs)
+    assert "r = 29) sends 0.243/0.239 of none's bytes" in note and "+5.50% ± 0.71 above none" in note
+    assert "+4.50% ± 0.71 for MAPL 4x + all changes (r = d / K" in note and "0.300/0.296 of none's bytes" in note
+    assert "+1.00 points, within the two seed spreads summed (1.41)" in note and "`abcdef0`" in note
+    assert note in quality_report.report_markdown(lines, {**_meta(), "jobs": 2}, [], [], runs)
