@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -69,17 +69,24 @@ class RunPlan:
 
     @cached_property
     def meta_model(self) -> nn.Module:
-        """The run's model on the meta device: structure and sizes without memory."""
+        """The run's model on the meta device: structure and sizes without memory, built once per model section
+        and vocabulary (the settings a memory floor suggests instead, other keeps or workers, share it)."""
         import torch
 
         from slimpar.train.build import build_model
 
-        class _Vocab:  # build_model reads only vocab_size from the data
-            vocab_size = self.vocab
+        vocab = self.vocab if self.cfg.model.arch == "llama" else None
+        key = (json.dumps(asdict(self.cfg.model), sort_keys=True), vocab)
+        if key not in _META_MODELS:
 
-        data = _Vocab() if self.vocab and self.cfg.model.arch == "llama" else None
-        with torch.device("meta"):
-            return build_model(self.cfg, data)
+            class _Vocab:  # build_model reads only vocab_size from the data
+                vocab_size = vocab
+
+            if len(_META_MODELS) >= 4:
+                _META_MODELS.clear()
+            with torch.device("meta"):
+                _META_MODELS[key] = build_model(self.cfg, _Vocab() if vocab else None)
+        return _META_MODELS[key]
 
     @cached_property
     def param_bytes(self) -> list[tuple[str, int]]:
@@ -143,6 +150,7 @@ class RunPlan:
         return 2 * 4 * max(1, per_worker) * cfg.data.seq_len * v
 
 
+_META_MODELS: dict[tuple, nn.Module] = {}  # (model section, vocabulary) -> its meta-device model
 _PLANS: dict[str, RunPlan] = {}
 _KEEP = 16  # plans kept per process: the run's, and the few settings a memory floor suggests instead
 
