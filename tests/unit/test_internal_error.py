@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from slimpar import cli
+from slimpar.commands import train as train_command_module
 
 
 def _boom(args, rest):
@@ -53,7 +54,7 @@ def _interrupted_import(*args):
 def test_an_error_caused_by_ctrl_c_is_the_interrupt(monkeypatch, capsys):
     """An interrupt that surfaces as another error ends with the interrupt's line and exit 130, not as a bug."""
     monkeypatch.setenv("SLIMPAR_DEBUG", "0")
-    monkeypatch.setattr(cli, "_CTRL_C", threading.Event())
+    monkeypatch.setattr(train_command_module, "CTRL_C", threading.Event())
     parser = cli.build_parser()
     monkeypatch.setattr(cli, "build_parser", lambda *a: parser)
     for sub in parser._subparsers._group_actions[0].choices.values():
@@ -70,10 +71,10 @@ def test_an_error_caused_by_ctrl_c_is_the_interrupt(monkeypatch, capsys):
 
 def test_a_run_interrupted_while_importing_says_where_it_is(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("SLIMPAR_DEBUG", "0")
-    monkeypatch.setattr(cli, "_CTRL_C", threading.Event())
-    previous = signal.signal(signal.SIGINT, cli._on_ctrl_c)
+    monkeypatch.setattr(train_command_module, "CTRL_C", threading.Event())
+    previous = signal.signal(signal.SIGINT, train_command_module.on_ctrl_c)
     try:
-        code = cli._launch_and_report(_interrupted_import, None, tmp_path, "slimpar train --out x")
+        code = train_command_module.launch_and_report(_interrupted_import, None, tmp_path, "slimpar train --out x")
     finally:
         signal.signal(signal.SIGINT, previous)
     assert code == 130
@@ -83,12 +84,12 @@ def test_a_run_interrupted_while_importing_says_where_it_is(monkeypatch, capsys,
 
 def test_without_ctrl_c_the_same_error_is_a_bug(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("SLIMPAR_DEBUG", "0")
-    monkeypatch.setattr(cli, "_CTRL_C", threading.Event())
+    monkeypatch.setattr(train_command_module, "CTRL_C", threading.Event())
 
     def failing_import(*args):
         raise ImportError("cannot load module more than once per process")
 
-    assert cli._launch_and_report(failing_import, None, tmp_path, "again") == 1
+    assert train_command_module.launch_and_report(failing_import, None, tmp_path, "again") == 1
     assert "slimpar: internal error: ImportError" in capsys.readouterr().err
 
 
@@ -96,7 +97,7 @@ def test_without_ctrl_c_the_same_error_is_a_bug(monkeypatch, capsys, tmp_path):
 def test_a_ctrl_c_that_an_import_hid_stops_the_start_up(monkeypatch, capsys, tmp_path):
     """torch catches the ImportError of an interrupted numpy import and carries on: the start-up stops anyway,
     before the run folder is announced."""
-    monkeypatch.setattr(cli, "_CTRL_C", threading.Event())
+    monkeypatch.setattr(train_command_module, "CTRL_C", threading.Event())
     import slimpar.train.validate.checks as validate_module
 
     def validate_hiding_ctrl_c(cfg):

@@ -105,7 +105,7 @@ def test_ctrl_c_or_a_failure_ends_with_one_line_naming_the_folder(fake_launch, c
     ({"RANK": "0", "WORLD_SIZE": "2"}, "the same launcher command (... -m slimpar train"),  # srun: no agent
 ])
 def test_the_resume_command_names_the_launcher_that_started_the_ranks(monkeypatch, env, says):
-    from slimpar.cli import _resume_command
+    from slimpar.commands.train import resume_command as _resume_command
 
     for name in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
