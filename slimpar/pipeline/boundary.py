@@ -140,15 +140,19 @@ class BoundaryEncoder(_Half):
         whole = self.context.microbatch == WHOLE_BATCH
         parts = self.context.microbatches if whole else 1
         ids = self.context.current_ids() if self.spec.needs_ids else None
-        x = h - self.anchor(ids) if self.anchor is not None else h
-        x = self.projector.down(x) if self.projector is not None else x  # (mb, T, w)
-        out, msgs = self._encode(x, parts)
+        out, msgs = self._encode(self.project(h, ids), parts)
         if self.spec.sends_ids:
             for msg, part in zip(msgs, split_batch(_ids_to_wire(ids, self.spec.ids_dtype), parts), strict=True):
                 msg.fixed.append(Packet("ids", part))
         for m, msg in zip(range(parts) if whole else [self.context.microbatch], msgs, strict=True):
             self.outbox[m] = msg
         return out
+
+    def project(self, h: Tensor, ids: Tensor | None) -> Tensor:
+        """x = Aᵀ(h − o(t)) (mb, T, w): the anchor taken off, the projection down; pure tensor math, the region
+        :func:`compile_codecs` compiles."""
+        x = h - self.anchor(ids) if self.anchor is not None else h
+        return self.projector.down(x) if self.projector is not None else x
 
     def _encode(self, x: Tensor, parts: int) -> tuple[Tensor, list[Message]]:
         if self.rvq is not None:
@@ -295,10 +299,12 @@ class BoundaryDecoder(_Half):
 
     def forward(self, act: Tensor) -> Tensor:
         """out (mb, T, w) -> ĥ (mb, T, d) = up(out) + o(t)."""
+        return self.lift(act, self.context.current_ids() if self.anchor is not None else None)
+
+    def lift(self, act: Tensor, ids: Tensor | None) -> Tensor:
+        """ĥ = A out + o(t): pure tensor math, the region :func:`compile_codecs` compiles."""
         h = self.projector.up(act) if self.projector is not None else act
-        if self.anchor is not None:
-            h = h + self.anchor(self.context.current_ids())
-        return h
+        return h + self.anchor(ids) if self.anchor is not None else h
 
     def encode_grad(self, g: Tensor) -> list[Packet]:
         return grad_packets(self.spec, g)
@@ -318,3 +324,16 @@ def _ids_to_wire(ids: Tensor, dtype: torch.dtype) -> Tensor:
 
 def _wire_to_ids(t: Tensor) -> Tensor:
     return payload_to_ids(t) if t.dtype == torch.int16 else t.to(torch.int64)
+
+
+def compile_codecs(codecs: nn.ModuleDict, backend: str = "inductor") -> None:
+    """Compile each boundary half's tensor math in place (``torch.compile``, static shapes): the encoder's
+    :meth:`BoundaryEncoder.project` and the decoder's :meth:`BoundaryDecoder.lift`, so the anchor's gather, its
+    subtraction or addition and the projection become one region with its own backward graph. What stays eager
+    is what moves bytes or reads the host: the wire cast or RVQ, the message bookkeeping, the codebook sync.
+    Halves without a projector or an anchor have no math to compile."""
+    for half in codecs.values():
+        if half.projector is None and half.anchor is None:
+            continue
+        name = "project" if isinstance(half, BoundaryEncoder) else "lift"
+        setattr(half, name, torch.compile(getattr(half, name), backend=backend, dynamic=False))

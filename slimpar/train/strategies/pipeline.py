@@ -51,6 +51,7 @@ def build_run_stages(cfg, model, specs: list, which: list[int], device_type: str
     from slimpar.parallel.ac import apply_ac
     from slimpar.parallel.compile import apply_compile
     from slimpar.parallel.precision import DTYPES, autocast_forward
+    from slimpar.pipeline.boundary import compile_codecs
 
     if any(s.dim != model.cfg.dim or s.vocab != model.cfg.vocab_size for s in specs):
         raise RuntimeError(f"the run plan's codec specs are for d = {specs[0].dim}, vocabulary {specs[0].vocab}; "
@@ -63,6 +64,7 @@ def build_run_stages(cfg, model, specs: list, which: list[int], device_type: str
             apply_ac(s.model.layers)
         if cfg.train.compile:
             apply_compile(s.model.layers, cfg.train.compile_backend)
+            compile_codecs(s.codecs, cfg.train.compile_backend)
     if cfg.train.dtype == "bf16":  # the schedule calls the stage: autocast its blocks, keep its codecs in fp32
         for s in stages:
             autocast_forward(s.model, device_type, DTYPES["bf16"])
