@@ -93,6 +93,13 @@ ROWS.update({  # projector ablations; "frozen" rows get N = steps // 10 in rows(
     "MAPL 16x + RVQ + all changes (receiver anchors)": _codec("mapl", 16, *RVQ, *ALL_CHANGES,
                                                                  "--pipeline.anchor_form", "receiver"),
 })
+# slimpar's MAPL as the CLI runs it today, nothing pinned: K counts every byte a boundary sends (r fitted to it),
+# receiver anchors, local ids, PCA start, SPEL's own schedule, a separate clip
+DEFAULTS = ["--pipeline.codec", "mapl"]
+ROWS.update({
+    "MAPL 4x (CLI defaults)": [*DEFAULTS, "--pipeline.compression", "4"],
+    "MAPL 16x + RVQ (CLI defaults)": [*DEFAULTS, "--pipeline.compression", "16", *RVQ],
+})
 # the quick version checks the harness end to end; every codec's byte count is also checked in the unit tests
 QUICK = ("none", "MAPL 4x", "MAPL 16x + RVQ")
 
