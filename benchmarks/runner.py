@@ -43,18 +43,21 @@ class Row:
         return key.replace(" ", "_").replace("/", "_").replace("+", "_")
 
 
-def run_row(row: Row, root: Path, timeout: int = 3600) -> dict:
-    """Train one row (or reuse its finished run) and return its summary plus its loss curve."""
+def run_row(row: Row, root: Path, timeout: int = 3600, checkout: Path | None = None) -> dict:
+    """Train one row (or reuse its finished run) and return its summary plus its loss curve. ``checkout``: a
+    checkout of another commit (a git worktree) whose slimpar and configs train it, run from there."""
     out = root / "runs" / row.key
     summary_path = out / "summary.json"
     if not summary_path.exists():
-        config = str(CONFIGS / Path(row.config).name)
+        config = str((checkout / "slimpar" / "configs" if checkout else CONFIGS) / Path(row.config).name)
         cmd = [sys.executable, "-m", "slimpar", "train", "--config", config, "--out", str(out),
                "--log.progress", "false", "--train.seed", str(row.seed), *row.overrides]
         resumed = (out / "checkpoints").exists()  # an interrupted run resumes; its time is partial
         load_before = os.getloadavg()[0]  # how busy the machine was at the start
         t0 = time.perf_counter()
-        proc = _run_job(cmd, timeout, env=dict(os.environ, PYTHONWARNINGS="ignore", **row.env))
+        path = {"PYTHONPATH": str(checkout)} if checkout else {}  # the checkout's slimpar, not this one
+        env = dict(os.environ, PYTHONWARNINGS="ignore", **row.env, **path)
+        proc = _run_job(cmd, timeout, env=env, cwd=checkout)
         if proc.returncode != 0:
             out.mkdir(parents=True, exist_ok=True)
             (out / "failed.log").write_text(proc.stdout[-20000:] + "\n" + proc.stderr[-20000:])
@@ -82,12 +85,12 @@ _LIVE_LOCK = threading.Lock()
 _STOPPING = threading.Event()
 
 
-def _run_job(cmd: list[str], timeout: float, env: dict) -> subprocess.CompletedProcess:
+def _run_job(cmd: list[str], timeout: float, env: dict, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True)``, with the job registered while it runs so that a
     stop sent to the benchmark reaches it (rows run in threads, and a signal reaches only the main one)."""
     if _STOPPING.is_set():  # a row queued behind the stopped ones: start nothing
         raise Stopped(" ".join(cmd))
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd) as proc:
         with _LIVE_LOCK:
             _LIVE.add(proc)
             if _STOPPING.is_set():  # started as the stop came

@@ -29,7 +29,6 @@ from pathlib import Path
 from benchmarks.quality.harness import thin
 from benchmarks.report import metadata, write_json
 from benchmarks.runner import Row, run_row
-from benchmarks.runner import row_command as run_command
 
 RECORD = Path(__file__).resolve().parents[2] / "docs" / "results" / "quality" / "results.json"
 RECORDED_EVAL = ["--eval.final_tokens", "0"]
@@ -53,25 +52,6 @@ def row_of(run: dict) -> Row:
     assert words[:4] == ["slimpar", "train", "--config", words[3]] and words[4] == "--train.seed", run["command"]
     extra = [] if "--eval.final_tokens" in words else RECORDED_EVAL
     return Row(run["row"], words[3], [*words[6:], *extra], run["group"], run["seed"], env={"OMP_NUM_THREADS": "1"})
-
-
-def train_at(row: Row, out: Path, worktree: Path) -> dict:
-    """``row`` trained by the slimpar of ``worktree`` (a checkout of another commit), run from there; its summary
-    and curve as :func:`benchmarks.runner.run_row` returns them. A finished run is reused."""
-    import json
-    import os
-    import subprocess
-
-    run = out / "runs" / row.key
-    if not (run / "summary.json").exists():
-        cmd = [sys.executable, "-m", "slimpar", "train", "--config", row.config, "--out", str(run),
-               "--log.progress", "false", "--train.seed", str(row.seed), *row.overrides]
-        env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(worktree), **row.env)
-        subprocess.run(cmd, cwd=worktree, env=env, check=True, capture_output=True, text=True)
-    summary = json.loads((run / "summary.json").read_text())
-    curve = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {"row": row.name, "group": row.group, "seed": row.seed, "tags": row.tags, "command": run_command(row),
-            "summary": {k: v for k, v in summary.items() if k != "config"}, "curve": curve}
 
 
 def worktree_at(commit: str, out: Path) -> Path:
@@ -147,9 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     old = recorded(names, args.baseline)
     args.out.mkdir(parents=True, exist_ok=True)
     tree = worktree_at(args.commit, args.out) if args.commit else None
-    train = (lambda r: train_at(row_of(r), args.out, tree)) if tree else (lambda r: run_row(row_of(r), args.out))
     with ThreadPoolExecutor(args.jobs) as pool:
-        new = [thin(run) for run in pool.map(train, record)]
+        new = [thin(run) for run in pool.map(lambda r: run_row(row_of(r), args.out, checkout=tree), record)]
     base, root = args.baseline.resolve(), RECORD.parents[3]
     words = argv if argv is not None else sys.argv[1:]
     meta = metadata({"baseline": str(base.relative_to(root) if base.is_relative_to(root) else base),
