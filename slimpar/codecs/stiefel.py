@@ -42,6 +42,12 @@ DEFAULT_POLAR_STEPS = 10
 
 BACKENDS = ("polar_express", "eigh")
 
+# SPEL's retraction (retraction_steps): margin on the singular values of A − ηD beyond η, the largest
+# δ = η + margin it takes without normalising (p(1 + δ) stays near 1 up to about 0.5), and the fp32 floor.
+RETRACT_MARGIN = 1e-4
+RETRACT_MAX_DELTA = 0.5
+RETRACT_FLOOR = 1e-7
+
 
 @contextlib.contextmanager
 def pinned_fp32(device_type: str = "cpu") -> Iterator[None]:
@@ -88,20 +94,67 @@ def polar_express(X: Tensor, steps: int = DEFAULT_POLAR_STEPS) -> Tensor:
 
 
 def _polar_express(X: Tensor, steps: int) -> Tensor:
+    return _polar_iterate(X, polar_express_coefficients(steps), normalise=True)
+
+
+def _polar_iterate(X: Tensor, rows: list[tuple[float, float, float]], normalise: bool) -> Tensor:
+    """X ← a X + (b S + c S²) X per row (a, b, c), S the Gram of the short side; fp32, any (..., m, n)."""
     Y = X.to(torch.float32)
     tall = Y.shape[-2] > Y.shape[-1]
     if tall:
         Y = Y.mT  # (..., n, m): rows on the short side so S is the small Gram
-    norm = torch.linalg.matrix_norm(Y, ord="fro", keepdim=True)  # (..., 1, 1)
-    Y = Y / (norm * _PE_SAFETY + 1e-7)
+    if normalise:
+        norm = torch.linalg.matrix_norm(Y, ord="fro", keepdim=True)  # (..., 1, 1)
+        Y = Y / (norm * _PE_SAFETY + 1e-7)
     mm, add_mm = (torch.mm, torch.addmm) if Y.ndim == 2 else (torch.bmm, torch.baddbmm)  # fused: 3 ops a step
     flat = Y.reshape(-1, *Y.shape[-2:]) if Y.ndim > 3 else Y  # (n, k, m) or (k, m)
-    for a, b, c in polar_express_coefficients(steps):
+    for a, b, c in rows:
         S = mm(flat, flat.mT)  # (..., k, k), k = min(m, n)
         B = add_mm(S, S, S, beta=b, alpha=c)  # b S + c S²
         flat = add_mm(flat, B, flat, beta=a)  # a Y + B Y
     Y = flat.reshape(Y.shape) if Y.ndim > 3 else flat
     return Y.mT if tall else Y
+
+
+def retraction_steps(eta: float, max_steps: int = DEFAULT_POLAR_STEPS) -> int | None:
+    """Final-row steps that take X = A − ηD (A ∈ St(d, r), ‖D‖₂ ≤ 1) to its polar factor at the fp32 floor, or
+    None where the bound needs ``max_steps`` or more (then the normalised Polar Express is as cheap).
+
+    By Weyl's inequality every singular value of X lies in [1 − δ, 1 + δ], δ = η + ``RETRACT_MARGIN`` (the margin
+    covers A's own distance from St(d, r) and D's rounding past 1). The final row p(x) = (15x − 10x³ + 3x⁵)/8
+    is increasing with p(1) = 1, so it maps that interval into [p(1 − δ), p(1 + δ)]: δ ← max(1 − p(1 − δ),
+    p(1 + δ) − 1) ≈ 2.5 δ³ a step, computed here on the host in float64 until δ ≤ ``RETRACT_FLOOR``. From
+    η = 1e-3 one step is enough; the normalised Polar Express spends seven table rows first because it must
+    assume nothing about the singular values.
+    """
+    delta = abs(eta) + RETRACT_MARGIN
+    if delta > RETRACT_MAX_DELTA:
+        return None
+    a, b, c = _PE_FINAL
+    steps = 0
+    while steps == 0 or delta > RETRACT_FLOOR:
+        lo, hi = 1.0 - delta, 1.0 + delta
+        delta = max(1.0 - (a * lo + b * lo**3 + c * lo**5), (a * hi + b * hi**3 + c * hi**5) - 1.0)
+        steps += 1
+        if steps >= max_steps:
+            return None
+    return steps
+
+
+def retract(X: Tensor, eta: float, backend: str = "polar_express", steps: int = DEFAULT_POLAR_STEPS) -> Tensor:
+    """msign(X) for X = A − ηD, A on St(d, r) and ‖D‖₂ ≤ 1 (SPEL's retraction; docs/methods.md, 'Polar Express').
+
+    ``polar_express``: the final row without normalisation, :func:`retraction_steps` times, where that is
+    fewer than ``steps``; else :func:`polar_express` with ``steps``. ``eigh``: :func:`polar_eigh`. The step
+    count depends on η alone, so it is chosen on the host and never waits for the device.
+    """
+    if backend != "polar_express":
+        return msign(X, backend=backend, steps=steps)
+    k = retraction_steps(eta, steps) if isinstance(eta, (int, float)) else None
+    if k is None:
+        return polar_express(X, steps=steps)
+    with pinned_fp32(X.device.type):
+        return _polar_iterate(X, [_PE_FINAL] * k, normalise=False)
 
 
 def polar_eigh(X: Tensor) -> Tensor:
@@ -166,10 +219,14 @@ def orth_error(A: Tensor) -> float:
 
 def orth_error_tensor(A: Tensor) -> Tensor:
     """:func:`orth_error` as a 0-d float64 tensor on A's device (no wait for the device)."""
-    Y = A.detach().to(torch.float64)
-    G = Y.mT @ Y if Y.shape[-2] >= Y.shape[-1] else Y @ Y.mT  # (..., k, k)
-    eye = torch.eye(G.shape[-1], dtype=torch.float64, device=G.device)
-    return torch.linalg.matrix_norm(G - eye, ord="fro").max()
+    with torch.no_grad():  # few ops (it runs every SPEL step): no detach, no identity matrix, no broadcast matmul
+        Y = A.to(torch.float64)
+        if Y.ndim > 3:
+            Y = Y.reshape(-1, *Y.shape[-2:])
+        mm = torch.mm if Y.ndim == 2 else torch.bmm
+        G = mm(Y.mT, Y) if Y.shape[-2] >= Y.shape[-1] else mm(Y, Y.mT)  # (..., k, k)
+        G.diagonal(dim1=-2, dim2=-1).sub_(1.0)  # G − I
+        return torch.linalg.matrix_norm(G, ord="fro").max()
 
 
 def random_stiefel(

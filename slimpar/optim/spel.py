@@ -7,6 +7,10 @@ SPEL, per A ∈ St(d, r) (docs/methods.md, 'SPEL'; Yang & Lai, arXiv 2601.21487)
     D = msign(ξ) = ξ(ξᵀξ)^{-1/2}                     spectral steepest direction, ‖D‖₂ = 1
     A ← msign(A − ηD)                                retraction onto St(d, r) (polar factor)
 
+The retraction's input has every singular value within η (plus a margin) of 1, so it skips Polar Express's
+normalisation and table rows: a step count chosen on the host from η alone (one step at η = 1e-3;
+slimpar.codecs.stiefel.retract).
+
 η is a spectral step length (a rotation budget per step), not an Adam-like learning rate. msign is
 Polar Express (arXiv 2505.16932) in fp32 or the exact small-Gram ``eigh`` polar factor
 (slimpar.codecs.stiefel). Unlike some peers (e.g. NVIDIA Emerging-Optimizers' ``Spel``) we keep the
@@ -31,6 +35,7 @@ from slimpar.codecs.stiefel import (
     msign,
     orth_error_tensor,
     pinned_fp32,
+    retract,
     sym,
     tangent_project,
 )
@@ -96,7 +101,7 @@ def spel_step(
         xi = tangent_project(A32, M)  # (d, r)
         moves = torch.linalg.matrix_norm(xi) > TANGENT_RTOL * torch.linalg.matrix_norm(M)  # 0-d bool
         D = msign(xi, backend=backend, steps=polar_steps)  # (d, r), singular values ≈ 1
-        A.copy_(torch.where(moves, msign(A32 - lr * D, backend=backend, steps=polar_steps), A32))
+        A.copy_(torch.where(moves, retract(A32 - lr * D, lr, backend, polar_steps), A32))
 
 
 @torch.no_grad()
@@ -115,8 +120,7 @@ def spel_steps(As: list[Tensor], grads: list[Tensor], momentum_bufs: list[Tensor
         xi = torch.baddbmm(M, A32, sym(torch.bmm(A32.mT, M)), alpha=-1.0)  # M − A sym(AᵀM), batched
         moves = torch.linalg.matrix_norm(xi) > TANGENT_RTOL * torch.linalg.matrix_norm(M)  # (n,) bool
         D = msign(xi, backend=backend, steps=polar_steps)  # (n, d, r)
-        new = torch.where(moves[:, None, None], msign(torch.add(A32, D, alpha=-lr), backend=backend,
-                                                      steps=polar_steps), A32)
+        new = torch.where(moves[:, None, None], retract(torch.add(A32, D, alpha=-lr), lr, backend, polar_steps), A32)
         torch._foreach_copy_(As, list(new.unbind(0)))
 
 
@@ -244,7 +248,9 @@ class SPELAdamW(Optimizer):
         errors = [orth_error_tensor(torch.stack(b) if len(b) > 1 else b[0])
                   for g, ms in zip(groups, masters, strict=True) for b in (_batches(ms) if g["batched"] else
                                                                             [[m] for m in ms])]
-        return torch.stack([e.to(errors[0].device) for e in errors]).max() if errors else None
+        if len(errors) <= 1:
+            return errors[0] if errors else None
+        return torch.stack([e.to(errors[0].device) for e in errors]).max()
 
     def _fp32_copy(self, p: Tensor) -> Tensor:
         """The fp32 A that SPEL steps: ``p`` itself, or for a low-precision ``p`` (bf16 parameters) an fp32
