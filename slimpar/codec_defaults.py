@@ -1,9 +1,9 @@
 """The recommended settings of a pipeline boundary's codec: the ONE source of MAPL's defaults.
 
-The ``[pipeline]`` section of slimpar/config.py takes its codec fields' defaults from :data:`CODEC_DEFAULTS`, and
-so does the pipeline library's factory ``CodecSpec.mapl``, so the CLI's MAPL and the library's cannot drift
-apart. A module of its own, below config.py in the layers (pyproject.toml): config.py imports nothing else of
-slimpar, and pipeline/ may not import config's run tree, only this record of constants.
+The ``[pipeline]`` section of slimpar/config.py takes its codec fields' defaults from :data:`CODEC_DEFAULTS`, and so
+does the pipeline library's factory ``CodecSpec.mapl`` (and ``MaplTrainingSpec`` SPEL's), so the CLI's MAPL and the
+library's cannot drift apart. A module of its own, below config.py in the layers (pyproject.toml): config.py imports
+nothing else of slimpar, and pipeline/ may not import config's run tree, only this record of constants.
 """
 
 from __future__ import annotations
@@ -26,6 +26,19 @@ class RVQDefaults:
 
 
 @dataclass(frozen=True)
+class SPELDefaults:
+    """The recommended optimizer of MAPL's projector A (``[pipeline]``'s ``spel_*``, ``polar`` and ``clip_projector``,
+    and the library's ``MaplTrainingSpec``): η a constant rotation budget of 0.001 a step, A's gradient clipped by
+    its own norm (docs/methods.md, 'SPEL'; the evidence in docs/pipeline.md, 'Defaults')."""
+
+    lr: float = 0.001  # η, SPEL's spectral step length
+    momentum: float = 0.9  # β
+    polar: str = "polar_express"  # msign backend: polar_express | eigh
+    schedule: str = "constant"  # constant | model (the model's warm-up + cosine) | cosine (its own, no warm-up)
+    clip: str = "separate"  # separate (A by its own norm) | global (in the model's norm) | none
+
+
+@dataclass(frozen=True)
 class CodecDefaults:
     """A boundary codec's recommended settings (module docstring). The evidence for each value: docs/pipeline.md,
     'Defaults' (the tuned quality study; docs/methods.md, 'Claims and measurements')."""
@@ -37,6 +50,7 @@ class CodecDefaults:
     ids: str = "local"  # every stage reads its own batch: no 2 bytes per token on the wire
     projector_init: str = "auto"  # pca for MAPL with r < d, the run's final r (pipeline.spec.resolve_projector_init)
     rvq: RVQDefaults = field(default_factory=RVQDefaults)
+    spel: SPELDefaults = field(default_factory=SPELDefaults)
 
 
 CODEC_DEFAULTS = CodecDefaults()

@@ -150,9 +150,9 @@ class PipelineConfig:
     anchor_dim: int = _CD.anchor_dim  # m, the factorized anchor width
     anchor_form: str = _CD.anchor_form  # receiver (a table at the receiver only, no exchange) | symmetric (both ends)
     ids: str = _CD.ids  # local (each stage reads the ids from its own loader) | send (2 bytes per token on the wire)
-    spel_lr: float = 0.001  # SPEL spectral step length eta
-    spel_momentum: float = 0.9  # SPEL momentum beta
-    polar: str = "polar_express"  # polar_express | eigh
+    spel_lr: float = _CD.spel.lr  # SPEL spectral step length eta
+    spel_momentum: float = _CD.spel.momentum  # SPEL momentum beta
+    polar: str = _CD.spel.polar  # polar_express | eigh
     checksum_every: int = 50  # compare both boundary copies of A every N steps, resync on mismatch
     sync_dtype: str = "int8"  # int8 | bf16 | fp32: how each end's part of A's gradient is exchanged
     tied_sync_dtype: str = "fp32"  # fp32 (exact) | bf16 | int8: the same for a tied embedding/head's gradient parts
@@ -162,8 +162,8 @@ class PipelineConfig:
     virtual_microbatched: bool = False  # virtual pipeline: each microbatch through every stage in turn (slower)
     projector_init: str = _CD.projector_init  # auto (pca for mapl with r < d, else random) | random (Gaussian QR) | pca
     pca_batches: int = 1  # training batches whose boundary activations the pca start uses
-    spel_schedule: str = "constant"  # constant | model (the model's warm-up + cosine) | cosine (own, no warm-up)
-    clip_projector: str = "separate"  # separate (A clipped on its own) | global (A in the model's clip norm) | none
+    spel_schedule: str = _CD.spel.schedule  # constant | model (the model's warm-up + cosine) | cosine (own, no warm-up)
+    clip_projector: str = _CD.spel.clip  # separate (A clipped on its own) | global (A in the model's clip norm) | none
     anchor_init: str = _CD.anchor_init  # embedding (symmetric tables start at E_tok·Pᵀ) | zero (no offset at start)
     freeze_projector_after: int = 0  # A stops being updated (and its gradient exchange stops) after N steps; 0 = never
     dp: str = "ddp"  # ddp (stage replicas hold the whole stage) | sdp (each replica holds a subnetwork of its blocks)

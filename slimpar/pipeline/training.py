@@ -24,28 +24,31 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from slimpar.codec_defaults import CODEC_DEFAULTS
 from slimpar.codecs.projector import stiefel_parameters
 from slimpar.optim.spel import SPEL_SCHEDULES, SPELAdamW, spel_lr_at
 from slimpar.pipeline.sync import SharedParamSync
 
 CLIP_MODES = ("global", "separate", "none")
+_SPEL = CODEC_DEFAULTS.spel
 
 
 @dataclass(frozen=True)
 class MaplTrainingSpec:
-    """Optimizer settings of a pipeline run (the trainer builds it from its config)."""
+    """Optimizer settings of a pipeline run (the trainer builds it from its config). SPEL's and A's clip default to
+    the CLI's (slimpar.codec_defaults.SPELDefaults), AdamW's to ``[train]``'s."""
 
     lr: float  # AdamW's base learning rate (the trainer scales every group by its schedule each step)
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW's β1, β2
     weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only (norms and biases get none)
-    spel_lr: float = 0.01  # SPEL's base η, a spectral step length per step
-    spel_momentum: float = 0.9  # SPEL's momentum β
-    polar: str = "polar_express"  # msign backend: polar_express | eigh
-    spel_schedule: str = "model"  # model | constant | cosine (optim.spel.spel_lr_at)
+    spel_lr: float = _SPEL.lr  # SPEL's base η, a spectral step length per step
+    spel_momentum: float = _SPEL.momentum  # SPEL's momentum β
+    polar: str = _SPEL.polar  # msign backend: polar_express | eigh
+    spel_schedule: str = _SPEL.schedule  # constant | model | cosine (optim.spel.spel_lr_at)
     total_steps: int = 1  # optimizer steps of the run: the length of SPEL's own cosine
     min_lr_ratio: float = 0.1  # SPEL's cosine ends at spel_lr × this
     freeze_after: int = 0  # A is updated in steps 0..N−1 only; 0 = never frozen
-    clip: str = "global"  # global | separate | none: how A's gradient enters gradient clipping
+    clip: str = _SPEL.clip  # separate | global | none: how A's gradient enters gradient clipping
     # SPEL steps A's copies of one shape as one batch (optim.spel.spel_steps): fewer launches, the same update to
     # rounding. Only where every copy of each A is stepped here (one process holds the whole pipeline): two ranks
     # batching different sets could part by rounding

@@ -13,7 +13,8 @@ import pytest
 from slimpar.codec_defaults import CODEC_DEFAULTS
 from slimpar.config import PipelineConfig, RVQConfig
 from slimpar.pipeline import CodecSpec, StepShape
-from slimpar.train.strategies.pipeline_specs import codec_specs, step_shape
+from slimpar.pipeline.training import MaplTrainingSpec
+from slimpar.train.strategies.pipeline_specs import codec_specs, step_shape, training_spec
 from slimpar.train.validate.checks import load_run_config
 
 D, V = 128, 4096  # the model width and vocabulary both paths are given
@@ -112,3 +113,15 @@ def test_the_low_level_constructor_keeps_its_own_defaults():
 def test_an_unknown_ids_choice_is_an_error():
     with pytest.raises(ValueError, match="ids"):
         CodecSpec.mapl(D, 4, vocab=V, ids="sent")
+
+
+def test_the_library_optimizer_spec_is_the_clis():
+    """``MaplTrainingSpec(lr=...)`` steps A and the rest as the CLI's default pipeline does: every field the user
+    did not give equals the one ``slimpar train`` builds, except those the trainer fills from the run itself."""
+    cfg, _ = _cli(4)
+    cli = training_spec(cfg)
+    lib = MaplTrainingSpec(lr=cfg.train.lr)
+    for f in dataclasses.fields(MaplTrainingSpec):
+        if f.name not in ("total_steps", "batch_spel"):  # the run's length; one process or several
+            assert getattr(lib, f.name) == getattr(cli, f.name), f.name
+    assert (lib.spel_lr, lib.spel_schedule, lib.clip) == (0.001, "constant", "separate")  # docs/methods.md, 'SPEL'
