@@ -87,6 +87,8 @@ def compare(old: list[dict], new: list[dict]) -> list[dict]:
     """Per row: recorded and rerun val loss, the paired change and the gaps to the group's none, by seed."""
     was = {(r["group"], r["row"], r["seed"]): r["summary"]["val_loss"] for r in old}
     now = {(r["group"], r["row"], r["seed"]): r["summary"]["val_loss"] for r in new}
+    bytes_was = {(r["group"], r["row"], r["seed"]): _bytes(r) for r in old}
+    bytes_now = {(r["group"], r["row"], r["seed"]): _bytes(r) for r in new}
     lines = []
     for group, row in dict.fromkeys((g, r) for g, r, _ in now):
         seeds = sorted(s for g, r, s in now if (g, r) == (group, row))
@@ -95,9 +97,7 @@ def compare(old: list[dict], new: list[dict]) -> list[dict]:
         line = {"group": group, "row": row, "seeds": seeds, "recorded": _stats(a), "rerun": _stats(b),
                 "change": _stats(change), "recorded_rel_std": _stats(a)[1] / _stats(a)[0]}
         line["within_spread"] = abs(line["change"][0]) <= line["recorded_rel_std"]
-        line["same_bytes"] = all(_bytes(r) == _bytes(o) for r in new for o in old
-                                 if (r["group"], r["row"], r["seed"]) == (o["group"], o["row"], o["seed"]) == (
-                                     group, row, r["seed"]))
+        line["same_bytes"] = all(bytes_now[group, row, s] == bytes_was.get((group, row, s)) for s in seeds)
         if row != "none" and all((group, "none", s) in now for s in seeds):
             line["gap_recorded"] = _stats([was[group, row, s] / was[group, "none", s] - 1 for s in seeds])
             line["gap_rerun"] = _stats([now[group, row, s] / now[group, "none", s] - 1 for s in seeds])
