@@ -89,7 +89,7 @@ class Int8Codec(nn.Module):
         xf = x.float()  # (..., D)
         scale = (xf.abs().amax(-1, keepdim=True) / INT8_MAX).to(self.scale_dtype)  # (..., 1)
         s = scale.float()
-        safe = torch.where(s > 0, s, torch.ones_like(s))
+        safe = s.masked_fill(s == 0, 1.0)  # an all-zero row divides by 1 (scale ≥ 0; a NaN scale stays NaN)
         q = torch.round(xf / safe).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)  # (..., D)
         return Int8Payload(q, scale)
 

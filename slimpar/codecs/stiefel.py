@@ -98,22 +98,23 @@ def _polar_express(X: Tensor, steps: int) -> Tensor:
 
 
 def _polar_iterate(X: Tensor, rows: list[tuple[float, float, float]], normalise: bool) -> Tensor:
-    """X ← a X + (b S + c S²) X per row (a, b, c), S the Gram of the short side; fp32, any (..., m, n)."""
+    """X ← a X + (b S + c S²) X per row (a, b, c), S the Gram of the short side; fp32, any (..., m, n).
+
+    A tall X (m > n) is updated as X ← a X + X (b S + c S²) with S = XᵀX, the same polynomial in its singular
+    values, so neither orientation is transposed in and out (two fewer dispatches a call).
+    """
     Y = X.to(torch.float32)
-    tall = Y.shape[-2] > Y.shape[-1]
-    if tall:
-        Y = Y.mT  # (..., n, m): rows on the short side so S is the small Gram
     if normalise:
         norm = torch.linalg.matrix_norm(Y, ord="fro", keepdim=True)  # (..., 1, 1)
         Y = Y / (norm * _PE_SAFETY + 1e-7)
     mm, add_mm = (torch.mm, torch.addmm) if Y.ndim == 2 else (torch.bmm, torch.baddbmm)  # fused: 3 ops a step
-    flat = Y.reshape(-1, *Y.shape[-2:]) if Y.ndim > 3 else Y  # (n, k, m) or (k, m)
+    flat = Y.reshape(-1, *Y.shape[-2:]) if Y.ndim > 3 else Y  # (n, m, k) or (m, k)
+    tall = flat.shape[-2] > flat.shape[-1]
     for a, b, c in rows:
-        S = mm(flat, flat.mT)  # (..., k, k), k = min(m, n)
+        S = mm(flat.mT, flat) if tall else mm(flat, flat.mT)  # the short side's Gram
         B = add_mm(S, S, S, beta=b, alpha=c)  # b S + c S²
-        flat = add_mm(flat, B, flat, beta=a)  # a Y + B Y
-    Y = flat.reshape(Y.shape) if Y.ndim > 3 else flat
-    return Y.mT if tall else Y
+        flat = add_mm(flat, flat, B, beta=a) if tall else add_mm(flat, B, flat, beta=a)  # a Y + Y B or a Y + B Y
+    return flat.reshape(Y.shape) if Y.ndim > 3 else flat
 
 
 def retraction_steps(eta: float, max_steps: int = DEFAULT_POLAR_STEPS) -> int | None:

@@ -36,7 +36,6 @@ from slimpar.codecs.stiefel import (
     orth_error_tensor,
     pinned_fp32,
     retract,
-    sym,
     tangent_project,
 )
 from slimpar.optim.adamw import adamw_kernels
@@ -112,15 +111,15 @@ def spel_steps(As: list[Tensor], grads: list[Tensor], momentum_bufs: list[Tensor
     :func:`spel_step` to rounding, not bit for bit). The ``As`` (fp32) and the momentum buffers change in place.
     """
     with pinned_fp32(As[0].device.type):
-        torch._foreach_mul_(momentum_bufs, beta)
-        torch._foreach_add_(momentum_bufs, [g.to(b.dtype) for g, b in zip(grads, momentum_bufs, strict=True)],
-                            alpha=1.0 - beta)
+        torch._foreach_lerp_(momentum_bufs, [g.to(b.dtype) for g, b in zip(grads, momentum_bufs, strict=True)],
+                             1.0 - beta)  # βM + (1 − β)G in one launch
         M = torch.stack(momentum_bufs).to(torch.float32)  # (n, d, r), contiguous
         A32 = torch.stack(As)  # (n, d, r)
-        xi = torch.baddbmm(M, A32, sym(torch.bmm(A32.mT, M)), alpha=-1.0)  # M − A sym(AᵀM), batched
+        W = torch.bmm(A32.mT, M)  # (n, r, r)
+        xi = torch.baddbmm(torch.baddbmm(M, A32, W, alpha=-0.5), A32, W.mT, alpha=-0.5)  # M − A sym(AᵀM), batched
         moves = torch.linalg.matrix_norm(xi) > TANGENT_RTOL * torch.linalg.matrix_norm(M)  # (n,) bool
         D = msign(xi, backend=backend, steps=polar_steps)  # (n, d, r)
-        new = torch.where(moves[:, None, None], retract(torch.add(A32, D, alpha=-lr), lr, backend, polar_steps), A32)
+        new = torch.where(moves.view(-1, 1, 1), retract(torch.add(A32, D, alpha=-lr), lr, backend, polar_steps), A32)
         torch._foreach_copy_(As, list(new.unbind(0)))
 
 

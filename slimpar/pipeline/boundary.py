@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from slimpar.codecs.anchors import FixedTokenTable, build_anchor
+from slimpar.codecs.anchors import FactorizedAnchor, FixedTokenTable, build_anchor
 from slimpar.codecs.codebook_sync import (
     HEADER_DTYPE,
     HEADER_NUMEL,
@@ -36,6 +36,7 @@ from slimpar.codecs.codebook_sync import (
     CodebookSender,
     SyncMessage,
 )
+from slimpar.codecs.fused import stiefel_down, stiefel_lift
 from slimpar.codecs.packing import bits_for, ids_to_payload, pack_indices, packed_nbytes, payload_to_ids, unpack_indices
 from slimpar.codecs.projector import StiefelProjector
 from slimpar.codecs.rvq import ResidualVQ
@@ -151,6 +152,8 @@ class BoundaryEncoder(_Half):
     def project(self, h: Tensor, ids: Tensor | None) -> Tensor:
         """x = Aᵀ(h − o(t)) (mb, T, w): the anchor taken off, the projection down; pure tensor math, the region
         :func:`compile_codecs` compiles."""
+        if self.anchor is None and isinstance(self.projector, StiefelProjector):
+            return stiefel_down(h, self.projector.A)  # one autograd node (codecs/fused.py)
         x = h - self.anchor(ids) if self.anchor is not None else h
         return self.projector.down(x) if self.projector is not None else x
 
@@ -303,6 +306,10 @@ class BoundaryDecoder(_Half):
 
     def lift(self, act: Tensor, ids: Tensor | None) -> Tensor:
         """ĥ = A out + o(t): pure tensor math, the region :func:`compile_codecs` compiles."""
+        if isinstance(self.projector, StiefelProjector) and (self.anchor is None or isinstance(self.anchor,
+                                                                                          FactorizedAnchor)):
+            table = (self.anchor.E, self.anchor.P, ids) if self.anchor is not None else ()
+            return stiefel_lift(act, self.projector.A, *table)  # one autograd node (codecs/fused.py)
         h = self.projector.up(act) if self.projector is not None else act
         return h + self.anchor(ids) if self.anchor is not None else h
 

@@ -57,7 +57,8 @@ def _exchange_stack(entries: list[tuple[Pair, nn.Parameter, nn.Parameter]], dtyp
         end.link.count([Packet(category, t) for t in tensors])
     decoded = decode_part(wire, dtype)  # (2n, ...)
     sums = (decoded[0::2] + decoded[1::2]).unbind(0)  # sender + receiver, n of them
-    targets = [(p, g.view_as(p)) for p, g in zip(params, (g for g in sums for _ in range(2)), strict=True)]
+    doubled = [g for g in sums for _ in range(2)]  # both ends of each pair get the pair's sum
+    targets = [(p, g if g.shape == p.shape else g.view_as(p)) for p, g in zip(params, doubled, strict=True)]
     held = [(p, g) for p, g in targets if p.grad is not None]
     if held:  # one copy for every gradient there is; both ends get their own tensor
         torch._foreach_copy_([p.grad for p, _ in held], [g for _, g in held])
