@@ -3,8 +3,8 @@
 Why by hand: autograd records ``x @ A`` on a (mb, T, d) tensor as a reshape, a matmul and a view, and
 ``E[t] @ P`` as a gather, a reshape, a matmul and a view, then the sum; its backward adds a transpose, a view
 and a saved-tensor unpack around every product. In an eager step those dispatcher calls, not the arithmetic,
-are what a boundary costs (docs/pipeline.md, 'One process: the virtual pipeline'). The functions here compute the same
-products on 2-D matrices and return every gradient from one backward:
+are what a boundary costs (docs/pipeline.md, 'One process: the virtual pipeline'). The functions here compute
+the same products on 2-D matrices and return every gradient from one backward (``StiefelProjector`` uses them):
 
     down:  c = X A                          ∂X = G Aᵀ          ∂A = Xᵀ G
     lift:  ĥ = C Aᵀ + E[t] P                ∂C = G A           ∂A = Gᵀ C      ∂E = scatter-add_t(G Pᵀ)
@@ -21,21 +21,15 @@ import torch
 from torch import Tensor
 
 
-def _compute_dtype(x: Tensor, w: Tensor) -> torch.dtype:
-    """The matmul dtype autocast would pick for (x, w): its own dtype where enabled, else their promotion."""
+def _autocast_plan(x: Tensor, w: Tensor) -> tuple[torch.dtype, contextlib.AbstractContextManager]:
+    """The matmul dtype autocast would pick for (x, w) (its own where enabled, else their promotion) and a context
+    that turns autocast off for a forward that has chosen it (a null context on devices without autocast)."""
     dev = x.device.type
-    if _has_autocast(dev) and torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return x.dtype if x.dtype == w.dtype else torch.promote_types(x.dtype, w.dtype)  # the call is an aten op
-
-
-def _has_autocast(device_type: str) -> bool:
-    return torch.amp.is_autocast_available(device_type)
-
-
-def _no_autocast(device_type: str):
-    """Autocast off inside a forward that has already chosen its dtype (a null context on devices without it)."""
-    return torch.autocast(device_type, enabled=False) if _has_autocast(device_type) else contextlib.nullcontext()
+    if not torch.amp.is_autocast_available(dev):
+        return (x.dtype if x.dtype == w.dtype else torch.promote_types(x.dtype, w.dtype)), contextlib.nullcontext()
+    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else (
+        x.dtype if x.dtype == w.dtype else torch.promote_types(x.dtype, w.dtype))  # promote_types is an aten op
+    return dt, torch.autocast(dev, enabled=False)
 
 
 class _Down(torch.autograd.Function):
@@ -43,8 +37,8 @@ class _Down(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, A: Tensor) -> Tensor:
-        dt = _compute_dtype(x, A)
-        with _no_autocast(x.device.type):
+        dt, no_autocast = _autocast_plan(x, A)
+        with no_autocast:
             X, W = x.reshape(-1, x.shape[-1]).to(dt), A.to(dt)  # (n, d), (d, r)
             ctx.save_for_backward(X, W)
             ctx.dtypes = (x.dtype, A.dtype)
@@ -64,8 +58,8 @@ class _Lift(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, c: Tensor, A: Tensor, E: Tensor | None, P: Tensor | None, ids: Tensor | None) -> Tensor:
-        dt = _compute_dtype(c, A)
-        with _no_autocast(c.device.type):
+        dt, no_autocast = _autocast_plan(c, A)
+        with no_autocast:
             C, W = c.reshape(-1, c.shape[-1]).to(dt), A.to(dt)  # (n, r), (d, r)
             ctx.dtypes = (c.dtype, A.dtype, None if E is None else E.dtype)
             if E is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from slimpar.codecs.fused import stiefel_down, stiefel_lift
 from slimpar.codecs.stiefel import identity_stiefel, random_stiefel
 
 ROLES = ("sender", "receiver", "both")
@@ -64,10 +65,11 @@ class StiefelProjector(nn.Module):
         self.A = nn.Parameter(initial_stiefel(d, r, seed, boundary, identity))  # (d, r)
 
     def down(self, x: Tensor) -> Tensor:
-        return x @ self.A  # (..., d) @ (d, r) = (..., r) = Aᵀx per token
+        return stiefel_down(x, self.A)  # (..., d) -> (..., r) = Aᵀx per token, one autograd node (codecs/fused.py)
 
-    def up(self, c: Tensor) -> Tensor:
-        return c @ self.A.t()  # (..., r) @ (r, d)
+    def up(self, c: Tensor, anchor: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+        """Ac per token, (..., r) -> (..., d); with ``anchor`` = (E, P, ids) also + E[ids]P in the same node."""
+        return stiefel_lift(c, self.A, *(anchor or ()))
 
     def extra_repr(self) -> str:
         return f"d={self.d}, r={self.r}"

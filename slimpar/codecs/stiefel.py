@@ -205,9 +205,14 @@ def sym(X: Tensor) -> Tensor:
 def tangent_project(A: Tensor, M: Tensor) -> Tensor:
     """Euclidean-metric projection of M onto the tangent space of St(d, r) at A: M − A sym(AᵀM).
 
+    Computed as M − ½AW − ½AWᵀ with W = AᵀM: two fused products, no symmetrised copy. A, M: (d, r) or (n, d, r).
     The result Ξ satisfies AᵀΞ + ΞᵀA = 0; projecting twice equals projecting once when AᵀA = I.
     """
-    return M - A @ sym(A.mT @ M)  # (d, r) − (d, r)(r, r)
+    if A.ndim not in (2, 3):
+        raise ValueError(f"tangent_project takes (d, r) or (n, d, r), got {tuple(A.shape)}")
+    mm, add_mm = (torch.mm, torch.addmm) if A.ndim == 2 else (torch.bmm, torch.baddbmm)
+    W = mm(A.mT, M)  # (..., r, r)
+    return add_mm(add_mm(M, A, W, alpha=-0.5), A, W.mT, alpha=-0.5)
 
 
 def orth_error(A: Tensor) -> float:

@@ -115,8 +115,7 @@ def spel_steps(As: list[Tensor], grads: list[Tensor], momentum_bufs: list[Tensor
                              1.0 - beta)  # βM + (1 − β)G in one launch
         M = torch.stack(momentum_bufs).to(torch.float32)  # (n, d, r), contiguous
         A32 = torch.stack(As)  # (n, d, r)
-        W = torch.bmm(A32.mT, M)  # (n, r, r)
-        xi = torch.baddbmm(torch.baddbmm(M, A32, W, alpha=-0.5), A32, W.mT, alpha=-0.5)  # M − A sym(AᵀM), batched
+        xi = tangent_project(A32, M)  # (n, d, r)
         moves = torch.linalg.matrix_norm(xi) > TANGENT_RTOL * torch.linalg.matrix_norm(M)  # (n,) bool
         D = msign(xi, backend=backend, steps=polar_steps)  # (n, d, r)
         new = torch.where(moves.view(-1, 1, 1), retract(torch.add(A32, D, alpha=-lr), lr, backend, polar_steps), A32)

@@ -36,7 +36,6 @@ from slimpar.codecs.codebook_sync import (
     CodebookSender,
     SyncMessage,
 )
-from slimpar.codecs.fused import stiefel_down, stiefel_lift
 from slimpar.codecs.packing import bits_for, ids_to_payload, pack_indices, packed_nbytes, payload_to_ids, unpack_indices
 from slimpar.codecs.projector import StiefelProjector
 from slimpar.codecs.rvq import ResidualVQ
@@ -152,8 +151,6 @@ class BoundaryEncoder(_Half):
     def project(self, h: Tensor, ids: Tensor | None) -> Tensor:
         """x = Aᵀ(h − o(t)) (mb, T, w): the anchor taken off, the projection down; pure tensor math, the region
         :func:`compile_codecs` compiles."""
-        if self.anchor is None and isinstance(self.projector, StiefelProjector):
-            return stiefel_down(h, self.projector.A)  # one autograd node (codecs/fused.py)
         x = h - self.anchor(ids) if self.anchor is not None else h
         return self.projector.down(x) if self.projector is not None else x
 
@@ -306,10 +303,8 @@ class BoundaryDecoder(_Half):
 
     def lift(self, act: Tensor, ids: Tensor | None) -> Tensor:
         """ĥ = A out + o(t): pure tensor math, the region :func:`compile_codecs` compiles."""
-        if isinstance(self.projector, StiefelProjector) and (self.anchor is None or isinstance(self.anchor,
-                                                                                          FactorizedAnchor)):
-            table = (self.anchor.E, self.anchor.P, ids) if self.anchor is not None else ()
-            return stiefel_lift(act, self.projector.A, *table)  # one autograd node (codecs/fused.py)
+        if isinstance(self.projector, StiefelProjector) and isinstance(self.anchor, FactorizedAnchor):
+            return self.projector.up(act, (self.anchor.E, self.anchor.P, ids))  # the anchor in A's node
         h = self.projector.up(act) if self.projector is not None else act
         return h + self.anchor(ids) if self.anchor is not None else h
 
