@@ -90,9 +90,11 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
         data = bench_quality(out, args.quick, _names(args.rows), jobs=args.jobs, steps=steps,
                              report_only=args.report_only)
     elif args.which == "throughput":
-        from benchmarks.throughput import bench_throughput
+        from benchmarks.throughput import bench_throughput, parse_rows
 
-        data = bench_throughput(out, args.size, args.device, args.quick, args.compile_backend)
+        data = bench_throughput(out, args.size, args.device, args.quick, args.compile_backend, parse_rows(args.rows))
+        print((out / "report.md").read_text())
+        return 1 if any("error" in ln for ln in data["lines"]) else 0
     elif args.which == "modes":
         if args.device != "cpu":
             raise ConfigError("slimpar bench modes times every mode on the CPU; drop --device")

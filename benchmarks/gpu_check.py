@@ -2,11 +2,17 @@
 CPU proxies cannot (NCCL, cuda:gloo, bf16, torch.compile with inductor/Triton, TF32, CUDA memory at paper size).
 
 Each row is a fresh process (``python -m slimpar ...``, or ``torchrun``) under its own time limit, sized at 1.6-2
-times what the row took on a fresh H200 machine (docs/results/gpu: first imports and CUDA's start-up cost about
-15 s a process there), so that the limits add up to at most :data:`BUDGET_S` (8 minutes). A row that fails or
-runs out of time is recorded with its exit code, the end of its output and whatever numbers it had written (its
-metrics, a JSON line it printed), and the next row runs. ``results.json`` is rewritten after every row, so a check
-cut short still returns what it measured; it records the torch, CUDA and NCCL versions the rows ran on.
+times what the row took on a fresh H200 machine (docs/results/gpu: first imports and CUDA's start-up cost about 15 s a
+process there), so that each part's limits add up to at most :data:`BUDGET_S` (8 minutes, one device call). A row that
+fails or runs out of time is recorded with its exit code, the end of its output and whatever numbers it had written
+(its metrics, a JSON line it printed), and the next row runs. ``results.json`` is rewritten after every row, so a
+check cut short still returns what it measured; it records the torch, CUDA and NCCL versions the rows ran on.
+
+Two parts, one device call each: ``check`` (the default: does each path work on a GPU) and ``speed`` (``slimpar bench
+throughput`` at 134M and 1B: step time, MFU and peak memory of the plain loop, the trainer and the virtual pipeline,
+eager and compiled, and whether CUDA graphs pay). ``--rows speed`` runs the second. The speed rows' limits are
+estimates (no GPU has run them yet: compiling a 134M block costs most of a row); the throughput bench writes its
+results after every row, so a row cut short keeps what it measured.
 
 The device machine has no slimpar installed and no internet: the rows run from the checkout
 (``PYTHONPATH``) on the machine's own torch, train on a corpus made of slimpar's own source files (real text that
@@ -39,6 +45,7 @@ class GpuRow:
     argv: list[str]  # one command; ``then`` runs after it when it succeeds (within the same limit)
     limit_s: int
     cuda_only: bool = False
+    part: str = "check"  # check | speed: the rows one device call runs
     env: dict = field(default_factory=dict)
     then: list[str] = field(default_factory=list)
 
@@ -91,11 +98,43 @@ ROWS = [
 ]
 
 
+
+
+def _throughput(size: str, rows: str) -> list[str]:
+    return [sys.executable, "-m", "slimpar", "bench", "throughput", "--size", size, "--device", "{device}",
+            "--quick", "--rows", rows, "--out", "{out}"]
+
+
+ROWS += [
+    GpuRow("throughput 134M, compile", "the trainer's compiled step against a plain compiled loop (target 1.05x), "
+           "MFU (target 40%), CUDA graphs", _throughput("134m", "plain,trainer"), 200, cuda_only=True, part="speed"),
+    GpuRow("throughput 134M, virtual pipeline", "the one-pass virtual pipeline against single (target 1.2x) and "
+           "MAPL's codecs against none (4x: 1.10x, 16x + RVQ: 1.15x)", _throughput("134m", "train eager,pipeline"), 130,
+           cuda_only=True, part="speed"),
+    GpuRow("throughput 1B", "MFU of the plain loop and the compiled trainer at 1B (target 50%)",
+           _throughput("1b", "plain eager,plain compiled,train compiled"), 150, cuda_only=True, part="speed"),
+]
+PARTS = ("check", "speed")
+
+
 def check_budget(rows: list[GpuRow]) -> int:
-    total = sum(r.limit_s for r in rows)
-    if total > BUDGET_S:
-        raise ValueError(f"the device check's rows may take {total} s; its budget is {BUDGET_S} s")
-    return total
+    """The longest part's limits; each part is one device call within :data:`BUDGET_S`."""
+    totals = {part: sum(r.limit_s for r in rows if r.part == part) for part in PARTS}
+    for part, total in totals.items():
+        if total > BUDGET_S:
+            raise ValueError(f"the device check's {part} rows may take {total} s; its budget is {BUDGET_S} s")
+    return max(totals.values())
+
+
+def select(only: set[str] | None) -> list[GpuRow]:
+    """The rows named in ``only`` (row names or parts); by default the ``check`` part."""
+    only = only or {"check"}
+    unknown = only - {r.name for r in ROWS} - set(PARTS)
+    if unknown:
+        from slimpar.config import ConfigError
+
+        raise ConfigError(f"the device check has no row or part {', '.join(sorted(unknown))}")
+    return [r for r in ROWS if r.name in only or r.part in only]
 
 
 def corpus(out: Path) -> Path:
@@ -212,7 +251,7 @@ def default_folder() -> Path:
 
 def bench_gpu(out: Path, device: str = "cuda", only: set[str] | None = None) -> dict:
     """Run the rows (``only``: these names), writing ``results.json`` after each and ``report.md`` at the end."""
-    rows = [r for r in ROWS if only is None or r.name in only]
+    rows = select(only)
     check_budget(rows)
     runs = out / "runs"  # the rows' run folders and the corpus: scratch, never committed with the results
     runs.mkdir(parents=True, exist_ok=True)

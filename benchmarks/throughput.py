@@ -4,13 +4,18 @@ Four rows train the same LLaMA shape (untied head) on one device, bf16 autocast 
 a CPU, which has no bf16 matrix units):
 
 - ``plain eager`` / ``plain compiled``: a reference loop over slimpar's ``Llama`` (forward, cross-entropy, backward,
-  AdamW), eager and with every block compiled (``slimpar.parallel.compile.apply_compile``), in this process;
+  AdamW), eager and with every block compiled (``slimpar.parallel.compile.apply_compile``), in this process; on a
+  GPU also ``plain compiled, CUDA graphs``: the blocks compiled with ``mode="reduce-overhead"`` (inductor's CUDA
+  graph trees, each step opened by ``torch.compiler.cudagraph_mark_step_begin``), which says whether CUDA graphs
+  pay at this size before the trainer offers them;
 - ``train eager`` / ``train compiled``: ``slimpar train --parallel.mode single`` in a fresh process, without and with
   ``--train.compile true`` (``train compiled, loss`` adds ``--train.compile_scope loss``);
 - ``virtual pipeline, none`` / ``MAPL 4x`` / ``MAPL 16x + RVQ``: the same model as a 4-stage virtual pipeline (one
   process, 4 microbatches in one pass), eager: what the stages and each codec cost next to ``train eager``.
 
-Step time is the median over the steps after the warm-up (compilation happens there): on a GPU each plain step
+A row that raises is recorded with its error (``"error"``, no numbers) and the next row runs; results.json and
+report.md are rewritten after every row, so a run cut short (the device check's time limit) keeps its finished
+rows. Step time is the median over the steps after the warm-up (compilation happens there): on a GPU each plain step
 ends with ``torch.cuda.synchronize``, and the trainer synchronizes each step itself (its metrics.jsonl). The
 trainer's instrumented step (``log.measure_step``, the third) falls inside the warm-up. ``ratio`` is a row's step
 time over the plain compiled loop's. Aten ops per step: a plain step after the warm-up under ``SyncCounter``; a
@@ -25,6 +30,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +39,7 @@ import torch.nn.functional as F
 
 from benchmarks.report import COMPRESSION_NOTE, fmt, markdown_table, metadata, write_json
 from benchmarks.runner import Row, run_row
+from slimpar.config import ConfigError
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.compile import apply_compile
 from slimpar.parallel.flops import llama_flops_per_token, mfu, peak_bf16
@@ -56,18 +63,20 @@ class Shape:
         return cls(size, batch, seq, vocab, warmup=3, steps=8 if quick else 20)
 
 
-def plain_row(shape: Shape, device: torch.device, backend: str | None) -> dict:
-    """The reference loop; ``backend`` None: eager, else every block compiled with it."""
+def plain_row(shape: Shape, device: torch.device, backend: str | None, mode: str | None = None) -> dict:
+    """The reference loop; ``backend`` None: eager, else every block compiled with it (and ``mode``)."""
     torch.manual_seed(0)
     model = Llama(LlamaConfig.named(shape.size, vocab_size=shape.vocab, tie_embeddings=False,
                                     max_seq_len=max(shape.seq, 256))).to(device)
     if backend is not None:
-        apply_compile(model.layers, backend)
+        apply_compile(model.layers, backend, mode)
     cuda = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
     x = torch.randint(0, shape.vocab, (shape.batch, shape.seq + 1), device=device)
 
     def step() -> None:
+        if mode == "reduce-overhead":  # a new step: the graphs' previous outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1).float(), x[:, 1:].flatten())
         loss.backward()
@@ -90,6 +99,9 @@ def plain_row(shape: Shape, device: torch.device, backend: str | None) -> dict:
             "host_syncs": counter.count.total, "peak_mem_bytes": peak}
 
 
+PLAIN_ROWS = {"plain eager": (None, None), "plain compiled": ("", None),  # (backend: "" the run's, mode)
+              "plain compiled, CUDA graphs": ("", "reduce-overhead")}
+CUDA_ONLY = ("plain compiled, CUDA graphs",)  # on a CPU inductor skips CUDA graphs: the row would repeat the one above
 TRAINER_ROWS = ("train eager", "train compiled", "train compiled, loss")
 PIPELINE_ROWS = ("virtual pipeline, none", "virtual pipeline, MAPL 4x", "virtual pipeline, MAPL 16x + RVQ")
 # all 4 blocks as 4 stages in one process, 4 microbatches a step (one pass): a codec's cost next to the stages'
@@ -128,13 +140,17 @@ def train_row(name: str, shape: Shape, device: str, corpus: Path, backend: str, 
 
 
 def finish(rows: dict[str, dict], shape: Shape, device: torch.device) -> list[dict]:
-    """Tokens/s, MFU and the ratio to the plain compiled loop for every row."""
+    """Tokens/s, MFU and the ratio to the plain compiled loop for every row (None for a row that failed)."""
     per_token = llama_flops_per_token(LlamaConfig.named(shape.size, vocab_size=shape.vocab, tie_embeddings=False),
                                       shape.seq)
     peak = peak_bf16(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
     base = rows.get("plain compiled", {}).get("step_time_s")
     out = []
     for name, r in rows.items():
+        if "error" in r:
+            out.append({"row": name, **r, "step_time_s": None, "tokens_per_s": None, "mfu": None,
+                        "ratio_to_plain_compiled": None, "peak_mem_bytes": None, "aten_ops": None})
+            continue
         tps = shape.batch * shape.seq / r["step_time_s"]
         out.append({"row": name, **r, "tokens_per_s": tps, "mfu": mfu(tps, per_token, peak),
                     "ratio_to_plain_compiled": r["step_time_s"] / base if base else None})
@@ -142,7 +158,8 @@ def finish(rows: dict[str, dict], shape: Shape, device: torch.device) -> list[di
 
 
 def report_markdown(lines: list[dict], meta: dict) -> str:
-    cells = [[ln["row"], fmt(ln["step_time_s"], 4), f"{ln['tokens_per_s']:,.0f}",
+    cells = [[ln["row"], f"failed: {ln['error'][:120]}", "–", "–", "–", "–", "–"] if "error" in ln else
+             [ln["row"], fmt(ln["step_time_s"], 4), f"{ln['tokens_per_s']:,.0f}",
               fmt(ln["mfu"], 3) if ln["mfu"] is not None else "–", fmt(ln["ratio_to_plain_compiled"], 2),
               _mib(ln["peak_mem_bytes"]), str(ln["aten_ops"] if ln["aten_ops"] is not None else "–")] for ln in lines]
     table = markdown_table(["row", "step (s, median)", "tokens/s", "MFU", "step / plain compiled",
@@ -162,29 +179,69 @@ def _mib(b) -> str:
     return fmt(b / 2**20, 1) if b is not None else "–"
 
 
+GROUPS = {"plain": tuple(PLAIN_ROWS), "trainer": TRAINER_ROWS, "pipeline": PIPELINE_ROWS}  # --rows names them
+
+
+def parse_rows(text: str) -> list[str] | None:
+    """``--rows``: comma-separated row names and groups, where a row's own name may hold a comma ("train compiled,
+    loss"): the longest run of pieces that names a row is taken first."""
+    parts, names, i = [p.strip() for p in text.split(",")], [], 0
+    known = {*PLAIN_ROWS, *TRAIN_ROWS}
+    while i < len(parts):
+        j = next((j for j in range(len(parts), i, -1) if ", ".join(parts[i:j]) in known), i + 1)
+        names.append(", ".join(parts[i:j]))
+        i = j
+    return [n for n in names if n] or None
+
+
+def row_names(device: str, rows: Iterable[str] | None = None) -> list[str]:
+    """The rows to run, in the table's order: ``rows`` (row names or :data:`GROUPS`; a group keeps only the rows
+    this device has), else every row this device has."""
+    every = [n for n in (*PLAIN_ROWS, *TRAIN_ROWS) if device == "cuda" or n not in CUDA_ONLY]
+    if rows is None:
+        return every
+    named = {r for r in rows if r not in GROUPS}
+    wanted = named | {n for r in rows if r in GROUPS for n in GROUPS[r] if n in every}
+    unknown = sorted(named - set(every))
+    if unknown or not wanted:
+        raise ConfigError(f"slimpar bench throughput has no row {', '.join(map(repr, unknown))} on {device}; its "
+                          f"rows: {', '.join(every)}; groups: {', '.join(GROUPS)}")
+    return [n for n in every if n in wanted]
+
+
+def measure(name: str, shape: Shape, device: str, text: Path, backend: str, out: Path) -> dict:
+    """One row's numbers, or ``{"error": ...}``: a row that fails on a new machine (a compile mode, a size that
+    does not fit) is recorded and the others still run."""
+    try:
+        if name in PLAIN_ROWS:
+            b, mode = PLAIN_ROWS[name]
+            return plain_row(shape, torch.device(device), None if b is None else b or backend, mode)
+        return train_row(name, shape, device, text, backend, out)
+    except Exception as e:  # noqa: BLE001 - recorded in the results and the exit status, never dropped
+        return {"error": f"{type(e).__name__}: {e}"[-2000:]}
+
+
 def bench_throughput(out: Path, size: str = "tiny", device: str = "cpu", quick: bool = False,
-                     backend: str = "inductor", train_rows: tuple[str, ...] | None = None) -> dict:
-    """The plain rows and the trainer rows ``train_rows`` (default: all of ``TRAIN_ROWS``), then results.json and
-    report.md in ``out``."""
+                     backend: str = "inductor", rows: Iterable[str] | None = None) -> dict:
+    """The rows ``rows`` (default: every row the device has), writing results.json and report.md in ``out`` after
+    each."""
     from benchmarks.gpu_check import corpus
 
+    names = row_names(device, rows)
     shape, dev = Shape.of(size, quick), torch.device(device)
     load = [os.getloadavg()[0]]  # a shared CPU's other jobs move CPU timings: the report gives the load
-    out.mkdir(parents=True, exist_ok=True)
-    rows = {"plain eager": plain_row(shape, dev, None), "plain compiled": plain_row(shape, dev, backend)}
-    (out / "runs").mkdir(exist_ok=True)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
     text = corpus(out / "runs")
-    for name in TRAIN_ROWS if train_rows is None else train_rows:
-        rows[name] = train_row(name, shape, device, text, backend, out)
-    lines = finish(rows, shape, dev)
-    load.append(os.getloadavg()[0])
     meta = metadata({"shape": shape.__dict__, "device": device, "backend": backend, "quick": quick,
                      "dtype": "bf16 autocast" if device == "cuda" else "fp32",
                      "device_name": torch.cuda.get_device_name(dev) if device == "cuda" else "CPU",
-                     "load_1m": load,
                      "mfu_note": peak_bf16(torch.cuda.get_device_name(dev) if device == "cuda" else None).reason})
-    data = {"meta": meta, "lines": lines}
-    write_json(out / "results.json", data)
-    (out / "report.md").write_text(report_markdown(lines, meta))
-    print(json.dumps({ln["row"]: round(ln["step_time_s"], 4) for ln in lines}))
+    measured: dict[str, dict] = {}
+    for name in names:
+        print(f"[throughput] {name} ...", flush=True)
+        measured[name] = measure(name, shape, device, text, backend, out)
+        data = {"meta": {**meta, "load_1m": [*load, os.getloadavg()[0]]}, "lines": finish(measured, shape, dev)}
+        write_json(out / "results.json", data)
+        (out / "report.md").write_text(report_markdown(data["lines"], data["meta"]))
+    print(json.dumps({ln["row"]: ln["step_time_s"] and round(ln["step_time_s"], 4) for ln in data["lines"]}))
     return data

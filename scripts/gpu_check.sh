@@ -7,10 +7,12 @@
 #
 # Nothing is installed there and nothing can be fetched: slimpar runs from this checkout (PYTHONPATH) with the
 # image's torch, and trains on a corpus made of slimpar's own source (no data package needed).
+# The speed part (slimpar bench throughput at 134M and 1B, its own 8 minutes) is a second call: --rows speed.
 #   device run: bash scripts/gpu_check.sh            (results in $OUT, default docs/results/gpu)
+#               OUT=docs/results/gpu/speed bash scripts/gpu_check.sh --rows speed
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-docs/results/gpu}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" SLIMPAR_CACHE="${SLIMPAR_CACHE:-/tmp/slimpar_cache}"
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
-python3 -m slimpar bench gpu --out "$OUT"
+python3 -m slimpar bench gpu --out "$OUT" "$@"

@@ -179,7 +179,8 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     b.add_argument("--rows", default="", help="comma-separated groups, rows (name or group/name) or runs "
                    "(group/name/sSEED); default: every row, except for quality: its core set (lr-sweep, tuned, "
                    "sdp-lr-sweep, sdp-tuned), the other groups (one-rate, length, width, unseen-config, ...: "
-                   "benchmarks/quality/rows.py) run when named; finished runs are reused")
+                   "benchmarks/quality/rows.py) run when named; finished runs are reused; gpu: the check part unless "
+                   "'speed' (the throughput rows) is named; throughput: rows or the groups plain, trainer, pipeline")
     b.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="mapl: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling); gpu: "
                         "the device check's (default cuda where one is present; cpu runs its rows on gloo)")

@@ -28,12 +28,14 @@ BACKENDS = ("inductor", "aot_eager", "eager")  # inductor: generated kernels; th
 SCOPES = ("blocks", "loss", "model")
 
 
-def apply_compile(blocks: nn.ModuleDict, backend: str = "inductor") -> None:
-    """Compile every block of ``blocks`` in place with ``backend``."""
+def apply_compile(blocks: nn.ModuleDict, backend: str = "inductor", mode: str | None = None) -> None:
+    """Compile every block of ``blocks`` in place with ``backend`` (``mode``: torch.compile's, e.g.
+    ``"reduce-overhead"``, inductor's CUDA graphs, which need ``torch.compiler.cudagraph_mark_step_begin()`` before
+    each step)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown compile backend {backend!r}; choose from {', '.join(BACKENDS)}")
     for block in blocks.values():
-        block.compile(backend=backend)
+        block.compile(backend=backend, mode=mode)
 
 
 def compiled_loss(loss_fn: Callable, backend: str) -> Callable:

@@ -3,11 +3,27 @@
 import json
 import math
 
-from benchmarks.throughput import PIPELINE_ROWS, TRAIN_ROWS, TRAINER_ROWS, bench_throughput
+import pytest
+import torch
+
+from benchmarks import throughput
+from benchmarks.throughput import (
+    PIPELINE_ROWS,
+    TRAIN_ROWS,
+    TRAINER_ROWS,
+    Shape,
+    bench_throughput,
+    parse_rows,
+    plain_row,
+    row_names,
+)
+from slimpar.config import ConfigError
+
+PLAIN = ("plain eager", "plain compiled")
 
 
 def test_a_tiny_cpu_run_writes_valid_rows(tmp_path):
-    data = bench_throughput(tmp_path, "tiny", "cpu", quick=True, backend="eager", train_rows=TRAINER_ROWS)
+    data = bench_throughput(tmp_path, "tiny", "cpu", quick=True, backend="eager", rows=(*PLAIN, *TRAINER_ROWS))
     lines = {ln["row"]: ln for ln in data["lines"]}
     assert list(lines) == ["plain eager", "plain compiled", *TRAINER_ROWS]
     for ln in lines.values():
@@ -26,7 +42,7 @@ def test_the_virtual_pipeline_rows(tmp_path):
     """The virtual pipeline rows (a run of their own, to keep each test short): one process each, aten ops counted,
     a codec costing ops on top of the uncompressed pipeline's."""
     assert set(TRAIN_ROWS) == {*TRAINER_ROWS, *PIPELINE_ROWS}
-    data = bench_throughput(tmp_path, "tiny", "cpu", quick=True, backend="eager", train_rows=PIPELINE_ROWS)
+    data = bench_throughput(tmp_path, "tiny", "cpu", quick=True, backend="eager", rows=(*PLAIN, *PIPELINE_ROWS))
     lines = {ln["row"]: ln for ln in data["lines"]}
     assert list(lines) == ["plain eager", "plain compiled", *PIPELINE_ROWS]
     none, mapl, rvq = (lines[name]["aten_ops"] for name in PIPELINE_ROWS)
@@ -34,3 +50,45 @@ def test_the_virtual_pipeline_rows(tmp_path):
     assert all(lines[name]["step_time_s"] > 0 and lines[name]["peak_mem_bytes"] for name in PIPELINE_ROWS)
     report = (tmp_path / "report.md").read_text()
     assert all(f"| {name} |" in report for name in PIPELINE_ROWS)
+
+
+def test_a_failing_row_is_recorded_the_others_run_and_results_follow_every_row(tmp_path, monkeypatch):
+    """A row that raises (a compile mode or a size a new machine rejects) leaves an error, not a lost run."""
+    real, seen = throughput.plain_row, []
+
+    def plain(shape, device, backend, mode=None):
+        if seen:  # results.json already holds every row before this one
+            assert [ln["row"] for ln in json.loads((tmp_path / "results.json").read_text())["lines"]] == seen
+        seen.append("plain eager" if backend is None else "plain compiled")
+        if backend is None:
+            raise RuntimeError("CUDA out of memory")
+        return real(shape, device, backend, mode)
+
+    monkeypatch.setattr(throughput, "plain_row", plain)
+    data = bench_throughput(tmp_path, "tiny", "cpu", quick=True, backend="eager", rows=PLAIN)
+    failed, ok = data["lines"]
+    assert failed["error"] == "RuntimeError: CUDA out of memory" and failed["step_time_s"] is None
+    assert ok["step_time_s"] > 0 and ok["ratio_to_plain_compiled"] == 1.0
+    assert "| plain eager | failed: RuntimeError: CUDA out of memory |" in (tmp_path / "report.md").read_text()
+
+
+def test_rows_are_checked_before_anything_is_written(tmp_path):
+    assert row_names("cpu") == [*PLAIN, *TRAIN_ROWS]  # CUDA graphs only where inductor can record them
+    assert row_names("cuda") == [*PLAIN, "plain compiled, CUDA graphs", *TRAIN_ROWS]
+    for bad in (("plain compiled, CUDA graphs",), ("train fast",)):
+        with pytest.raises(ConfigError, match="has no row"):
+            bench_throughput(tmp_path / "x", "tiny", "cpu", rows=bad)
+    assert not (tmp_path / "x").exists()
+    assert parse_rows("train eager, train compiled, loss,pipeline") == ["train eager", "train compiled, loss",
+                                                                         "pipeline"]
+    assert parse_rows("plain compiled, CUDA graphs") == ["plain compiled, CUDA graphs"] and parse_rows("") is None
+
+
+def test_the_cuda_graphs_loop_opens_each_step(monkeypatch):
+    """The CUDA graphs row marks every step's start (else a graph's outputs are overwritten under the next step);
+    on a CPU inductor runs the blocks without graphs, so the loop itself is what is checked here."""
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    shape = Shape("tiny", 2, 16, 64, warmup=1, steps=2)
+    r = plain_row(shape, torch.device("cpu"), "eager", "reduce-overhead")
+    assert r["step_time_s"] > 0 and len(marks) == 1 + 2 + 1  # warm-up, measured steps, the counted step

@@ -9,17 +9,37 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_check
-from benchmarks.gpu_check import BUDGET_S, ROWS, GpuRow, bench_gpu, check_budget
+from benchmarks.gpu_check import BUDGET_S, ROWS, GpuRow, bench_gpu, check_budget, select
+from benchmarks.throughput import parse_rows, row_names
 
 
 def test_the_rows_fit_the_budget_and_cover_what_the_cpu_cannot():
     assert check_budget(ROWS) <= BUDGET_S == 480
-    names = " ".join(r.name for r in ROWS)
+    names = " ".join(r.name for r in select(None))
     for needed in ("NCCL", "DCP", "launcher DDP", "virtual B-SDP", "batched", "cuda:gloo", "MAPL + RVQ", "SSN",
                    "none", "compile", "134M", "TF32"):
         assert needed in names, needed
-    with pytest.raises(ValueError, match="budget"):
+    assert "throughput" not in names  # the speed rows are a device call of their own
+    with pytest.raises(ValueError, match="check rows may take"):
         check_budget(ROWS + [GpuRow("long", "", ["true"], BUDGET_S)])
+    with pytest.raises(ValueError, match="speed rows may take"):
+        check_budget(ROWS + [GpuRow("long", "", ["true"], BUDGET_S, part="speed")])
+
+
+def test_the_speed_part_runs_the_throughput_bench_on_valid_rows():
+    """``--rows speed``: slimpar bench throughput at 134M and 1B, each row naming rows the bench has on a GPU."""
+    speed = select({"speed"})
+    assert [r.name for r in speed] == ["throughput 134M, compile", "throughput 134M, virtual pipeline",
+                                       "throughput 1B"]
+    covered = set()
+    for row in speed:
+        argv = row.argv
+        assert row.cuda_only and argv[argv.index("--device") + 1] == "{device}"
+        covered |= set(row_names("cuda", parse_rows(argv[argv.index("--rows") + 1])))
+    assert covered == set(row_names("cuda"))  # every throughput row is measured at 134M or 1B
+    assert [r.name for r in select({"throughput 1B"})] == ["throughput 1B"]
+    with pytest.raises(ValueError, match="no row or part fast"):
+        select({"fast"})
 
 
 def test_every_training_row_is_a_valid_run(tmp_path):
