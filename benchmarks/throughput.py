@@ -160,7 +160,7 @@ def finish(rows: dict[str, dict], shape: Shape, device: torch.device) -> list[di
 
 
 def report_markdown(lines: list[dict], meta: dict) -> str:
-    cells = [[ln["row"], f"failed: {ln['error'][:120]}", "–", "–", "–", "–", "–"] if "error" in ln else
+    cells = [[ln["row"], f"failed: {_cell(ln['error'])}", "–", "–", "–", "–", "–"] if "error" in ln else
              [ln["row"], fmt(ln["step_time_s"], 4), f"{ln['tokens_per_s']:,.0f}",
               fmt(ln["mfu"], 3) if ln["mfu"] is not None else "–", fmt(ln["ratio_to_plain_compiled"], 2),
               _mib(ln["peak_mem_bytes"]), str(ln["aten_ops"] if ln["aten_ops"] is not None else "–")] for ln in lines]
@@ -175,6 +175,11 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
             f"on {meta['cpus']} CPUs. Peak memory: CUDA's allocator on a GPU; on a CPU the trainer's exact accounting "
             f"(none for the plain loop). Aten ops: one step counted eagerly, compiled rows too (dynamo steps aside "
             f"under the counter's dispatch mode).\n\n{COMPRESSION_NOTE}\n\n{table}\n")
+
+
+def _cell(text: str) -> str:
+    """An error as one table cell: one line, no pipes, at most 120 characters."""
+    return " ".join(text.split()).replace("|", "/")[:120]
 
 
 def _mib(b) -> str:

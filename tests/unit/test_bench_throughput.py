@@ -61,7 +61,7 @@ def test_a_failing_row_is_recorded_the_others_run_and_results_follow_every_row(t
             assert [ln["row"] for ln in json.loads((tmp_path / "results.json").read_text())["lines"]] == seen
         seen.append("plain eager" if backend is None else "plain compiled")
         if backend is None:
-            raise RuntimeError("CUDA out of memory")
+            raise RuntimeError("CUDA out of memory")  # one line, as the table needs
         return real(shape, device, backend, mode)
 
     monkeypatch.setattr(throughput, "plain_row", plain)
@@ -70,6 +70,7 @@ def test_a_failing_row_is_recorded_the_others_run_and_results_follow_every_row(t
     assert failed["error"] == "RuntimeError: CUDA out of memory" and failed["step_time_s"] is None
     assert ok["step_time_s"] > 0 and ok["ratio_to_plain_compiled"] == 1.0
     assert "| plain eager | failed: RuntimeError: CUDA out of memory |" in (tmp_path / "report.md").read_text()
+    assert throughput._cell("a |\n b") == "a / b"  # a traceback's lines and pipes stay in their cell
 
 
 def test_rows_are_checked_before_anything_is_written(tmp_path):
