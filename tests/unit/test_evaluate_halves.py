@@ -11,7 +11,7 @@ from slimpar.train.build import build_data, build_model, final_eval_config
 from slimpar.train.evaluate import evaluate, val_splits
 from slimpar.train.strategies.base import Strategy
 from slimpar.train.validate.checks import load_run_config
-from tests.helpers import TINY
+from tests.helpers import ROOT, TINY
 
 BASE = ["--eval.batches", "3", "--eval.batch_size", "4", "--data.ood", "none"]
 
@@ -45,18 +45,24 @@ def test_halves_are_the_loss_of_two_disjoint_halves_of_the_batches(setup) -> Non
     assert got["val_tokens"] == 3 * 4 * cfg.data.seq_len
 
 
-def test_final_tokens_reads_more_and_a_short_split_whole(setup) -> None:
-    cfg, data, model = setup
+def test_final_tokens_reads_more_and_a_short_split_whole(setup, tmp_path) -> None:
+    cfg, _, _ = setup
     assert final_eval_config(cfg) is cfg  # 0: the end of the run evaluates like every other evaluation
     more = load_run_config(TINY, [*BASE, "--eval.final_tokens", "1000"])
     final = final_eval_config(more)
     assert final.eval.batches == 4  # ceil(1000 / (4 sequences x 64 tokens))
     assert more.eval.batches == 3  # the evaluations on the way keep theirs
-    whole = final_eval_config(load_run_config(TINY, [*BASE, "--eval.final_tokens", str(10**9)]))
+    # a short split (the held-out tail of this project's pipeline page: 17 windows today), read whole
+    short = ["--data.corpus", "path", "--data.path", str(ROOT / "docs" / "pipeline.md")]
+    whole = final_eval_config(load_run_config(TINY, [*BASE, *short, "--eval.final_tokens", str(10**9)]))
+    data = build_data(whole)
+    torch.manual_seed(0)
+    model = build_model(whole, data)
     stream = data.val_streams["heldout"]
     batches = val_splits(data, whole)["heldout"]
-    n_windows = (len(stream) - 1) // cfg.data.seq_len
+    n_windows = (len(stream) - 1) // whole.data.seq_len
+    assert n_windows > 3 * 4  # longer than the evaluations on the way read
     assert sum(len(x) for x, _ in batches) == n_windows  # every non-overlapping window of the split, once
     got = evaluate(Strategy(model), data, whole, 0, 1)
-    assert got["val_tokens"] == n_windows * cfg.data.seq_len
+    assert got["val_tokens"] == n_windows * whole.data.seq_len
     assert got["val_loss"] == pytest.approx(_mean_ce(model, batches), rel=1e-5)
