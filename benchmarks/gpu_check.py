@@ -61,6 +61,11 @@ def _torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", *argv[1:]]
 
 
+def _throughput(size: str, rows: str) -> list[str]:
+    return [sys.executable, "-m", "slimpar", "bench", "throughput", "--size", size, "--device", "{device}",
+            "--quick", "--rows", rows, "--out", "{out}"]
+
+
 SDP1 = ["--parallel.mode", "sdp", "--sdp.keep", "1.0", "--checkpoint.every", "6"]
 VIRTUAL_PIPELINE = ["--model.tie_embeddings", "false", "--parallel.mode", "pipeline", "--pipeline.virtual", "true",
                     "--pipeline.stages", "4", "--train.dtype", "bf16"]
@@ -95,17 +100,7 @@ ROWS = [
             "--seq", "1024", "--predict"], 60, cuda_only=True),
     GpuRow("SPEL and Polar Express with TF32 on", "orthogonality kept at pinned fp32 with TF32 and bf16 A",
            [sys.executable, "-m", "benchmarks.gpu_check", "tf32", "{device}"], 20, cuda_only=True),
-]
-
-
-
-
-def _throughput(size: str, rows: str) -> list[str]:
-    return [sys.executable, "-m", "slimpar", "bench", "throughput", "--size", size, "--device", "{device}",
-            "--quick", "--rows", rows, "--out", "{out}"]
-
-
-ROWS += [
+    # the speed part: slimpar bench throughput, a device call of its own
     GpuRow("throughput 134M, compile", "the trainer's compiled step against a plain compiled loop (target 1.05x), "
            "MFU (target 40%), CUDA graphs", _throughput("134m", "plain,trainer"), 220, cuda_only=True, part="speed"),
     GpuRow("throughput 134M, virtual pipeline", "the one-pass virtual pipeline against single (target 1.2x) and "

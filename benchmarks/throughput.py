@@ -59,10 +59,12 @@ class Shape:
 
     @classmethod
     def of(cls, size: str, quick: bool) -> Shape:
-        # 1B at 8 x 2,048 (the sequence its preset is made for), the others at 16 x 1,024: 16k tokens a step
-        batch, seq, vocab = (8, 64, 512) if size in ("tiny", "mini") else (8, 2048, 32000) if size == "1b" else (
-            16, 1024, 32000)
+        batch, seq, vocab = BATCHES.get(size, (16, 1024, 32000))
         return cls(size, batch, seq, vocab, warmup=3, steps=8 if quick else 20)
+
+
+# (batch, sequence, vocabulary) where not 16 x 1,024 x 32k; 1B at the 2,048 its preset is made for (16k tokens too)
+BATCHES = {"tiny": (8, 64, 512), "mini": (8, 64, 512), "1b": (8, 2048, 32000)}
 
 
 def plain_row(shape: Shape, device: torch.device, backend: str | None, mode: str | None = None) -> dict:
@@ -101,11 +103,12 @@ def plain_row(shape: Shape, device: torch.device, backend: str | None, mode: str
             "host_syncs": counter.count.total, "peak_mem_bytes": peak}
 
 
-PLAIN_ROWS = {"plain eager": (None, None), "plain compiled": ("", None),  # (backend: "" the run's, mode)
-              "plain compiled, CUDA graphs": ("", "reduce-overhead")}
+PLAIN_ROWS = {"plain eager": (False, None), "plain compiled": (True, None),  # (compiled, torch.compile's mode)
+              "plain compiled, CUDA graphs": (True, "reduce-overhead")}
 CUDA_ONLY = ("plain compiled, CUDA graphs",)  # on a CPU inductor skips CUDA graphs: the row would repeat the one above
 TRAINER_ROWS = ("train eager", "train compiled", "train compiled, loss")
 PIPELINE_ROWS = ("virtual pipeline, none", "virtual pipeline, MAPL 4x", "virtual pipeline, MAPL 16x + RVQ")
+GROUPS = {"plain": tuple(PLAIN_ROWS), "trainer": TRAINER_ROWS, "pipeline": PIPELINE_ROWS}  # --rows names them
 # all 4 blocks as 4 stages in one process, 4 microbatches a step (one pass): a codec's cost next to the stages'
 VIRTUAL = ["--parallel.mode", "pipeline", "--parallel.workers", "1", "--pipeline.virtual", "true",
            "--pipeline.stages", "4", "--pipeline.microbatches", "4"]
@@ -186,9 +189,6 @@ def _mib(b) -> str:
     return fmt(b / 2**20, 1) if b is not None else "–"
 
 
-GROUPS = {"plain": tuple(PLAIN_ROWS), "trainer": TRAINER_ROWS, "pipeline": PIPELINE_ROWS}  # --rows names them
-
-
 def parse_rows(text: str) -> list[str] | None:
     """``--rows``: comma-separated row names and groups, where a row's own name may hold a comma ("train compiled,
     loss"): the longest run of pieces that names a row is taken first."""
@@ -221,8 +221,8 @@ def measure(name: str, shape: Shape, device: str, text: Path, backend: str, out:
     does not fit) is recorded and the others still run."""
     try:
         if name in PLAIN_ROWS:
-            b, mode = PLAIN_ROWS[name]
-            return plain_row(shape, torch.device(device), None if b is None else b or backend, mode)
+            compiled, mode = PLAIN_ROWS[name]
+            return plain_row(shape, torch.device(device), backend if compiled else None, mode)
         return train_row(name, shape, device, text, backend, out)
     except Exception as e:  # noqa: BLE001 - recorded in the results and the exit status, never dropped
         return {"error": f"{type(e).__name__}: {e}"[-2000:]}
