@@ -141,8 +141,19 @@ def test_a_killed_launcher_leaves_no_worker_and_its_workers_hold_the_folder(tmp_
     # step + 2 too: a worker stopped after it had sent step step+1's guard all-reduce (its stop flag 0 then, and
     # rank 0 not yet logging that step) takes the death signal into step step+2's (CI at 6afa9fc, once in four runs)
     saved_at = sorted(p.name for p in (out / "checkpoints").iterdir()) if (out / "checkpoints").is_dir() else []
-    assert saved in (step, step + 1, step + 2), (step, saved, saved_at)
-    assert (out / "checkpoints" / f"step_{saved:06d}" / "trainer.json").is_file(), (step, saved, saved_at)
+    why = (step, saved, saved_at, _told(proc, out))
+    assert saved in (step, step + 1, step + 2), why
+    assert (out / "checkpoints" / f"step_{saved:06d}" / "trainer.json").is_file(), why
+
+
+def _told(proc: subprocess.Popen, out: Path) -> str:
+    """What a dead launcher's workers said (they wrote to its pipes) and rank 0's stop record, for a failure."""
+    try:
+        said = proc.communicate(timeout=10)
+    except (subprocess.TimeoutExpired, ValueError):
+        said = ("", "(unread)")
+    record = (out / ".slimpar-stopped.json").read_text() if (out / ".slimpar-stopped.json").is_file() else "none"
+    return f"record: {record}\nstdout: {said[0][-2000:]}\nstderr: {said[1][-4000:]}"
 
 
 def test_past_the_grace_a_stop_exits_without_the_save_and_says_so(tmp_path):

@@ -4,6 +4,7 @@ closing line the launcher derives from what ended the job. The runs themselves: 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -60,6 +61,47 @@ def test_a_stop_request_raises_before_the_loop_flags_in_it_and_ends_at_its_grace
     assert record["signal"] == "SIGTERM" and record["saved"] is False and record["grace_s"] == 0.5
     # no slimpar launcher is its parent, so the process that ends at the grace says so itself
     assert "stopped by SIGTERM without a checkpoint" in proc.stderr and "on_signal_s = 0.5 s" in proc.stderr
+
+
+def test_a_burst_of_stop_signals_never_hangs_the_handler(tmp_path):
+    """Stop signals that arrive while the handler runs re-enter it in the main thread (SLURM's signal to every
+    process plus the launcher's copy; a killed launcher's death signal): the main thread must come back from it.
+    A handler that started the grace timer under a lock deadlocked inside itself within a few bursts (its rank then
+    hung in the step until the grace ended it without a checkpoint: tests/distributed/test_preemption.py, 1 run in
+    30 under load). Here 100 bursts of 300 SIGTERMs each, each on a fresh request, must all reach the step boundary
+    before the 20 s grace (which ends a hung child, and the test with it)."""
+    child = textwrap.dedent(f"""
+        import signal, sys
+        from pathlib import Path
+        from slimpar.train.job.preempt import StopRequest
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # what uninstall restores: a late signal of a burst is lost
+        for t in range(100):
+            stop = StopRequest(20, Path({str(tmp_path)!r}), is_main=False)
+            stop.arm()  # first: a late signal of the last burst must not end the child (Preempted) as it installs
+            stop.install()
+            print("ready", flush=True)
+            sys.stdin.readline()  # the burst is over
+            print("agreed", stop.agreed(None, None), flush=True)
+            stop.uninstall()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin",
+                                                                           "PYTHONPATH": str(ROOT)})
+    said = []
+    try:
+        for _ in range(100):
+            said.append(proc.stdout.readline().strip())
+            for _ in range(300):
+                os.kill(proc.pid, signal.SIGTERM)
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            said.append(proc.stdout.readline().strip())
+    except BrokenPipeError:  # the child ended early: its exit code and stderr say why
+        pass
+    finally:
+        _, err = proc.communicate(timeout=60)
+    assert said == ["ready", f"agreed {int(signal.SIGTERM)}"] * 100 and proc.returncode == 0, \
+        (said, proc.returncode, err[-3000:])
 
 
 def _failure(code: int) -> SimpleNamespace:

@@ -11,9 +11,15 @@ Algorithm, in every worker (:func:`slimpar.train.launch.worker.worker_main` inst
    forwards it to its own workers only, a death signal of a launcher on one node).
 3. They save the checkpoint of that step (the trainer skips the save when its periodic one just wrote it); rank 0
    records the stop in ``OUT/.slimpar-stopped.json`` (:data:`RECORD`) and every rank exits with 143.
-4. Grace: ``checkpoint.on_signal_s`` after the signal a timer thread ends the process with 143 whatever it is doing
-   (a long step, a save, a peer that never answers); rank 0 records that nothing was saved. A save cut short leaves
-   a folder without ``trainer.json``, which is never resumed from.
+4. Grace: ``checkpoint.on_signal_s`` after the signal a watcher thread ends the process with 143 whatever it is
+   doing (a long step, a save, a peer that never answers); rank 0 records that nothing was saved. A save cut short
+   leaves a folder without ``trainer.json``, which is never resumed from.
+
+The Python-level handler takes no lock and starts no thread: it runs in the main thread between bytecodes, also
+inside itself (a second signal while the first one's handler waits, e.g. SLURM's signal to every process plus the
+launcher's forwarded copy), and a handler that started the grace timer under a lock deadlocked there, its rank
+hanging in the step until the grace ended it without a checkpoint (a killed launcher's workers, 1 run in 30 under
+load). The grace clock belongs to the watcher thread alone.
 
 Who prints the closing line (:func:`stop_message`, from the record): the process that launched the run, which knows
 the command that resumes it: slimpar's launcher, an in-process run's CLI, torchrun's rank 0. A worker prints it
@@ -68,8 +74,7 @@ class StopRequest:
         self.signum = 0  # the first stop signal received, 0 = none
         self.in_loop = False  # set by the trainer when its step loop starts (:meth:`arm`)
         self.saved_step: int | None = None
-        self._timer: threading.Timer | None = None
-        self._lock = threading.Lock()
+        self._pipe = -1  # the write end of the watcher's pipe (:meth:`install`)
 
     @classmethod
     def inactive(cls) -> StopRequest:
@@ -84,9 +89,9 @@ class StopRequest:
         that a thread watches: the grace clock starts when the signal arrives."""
         if self.active and threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handler) for s in STOP_SIGNALS}
-            read, write = os.pipe()
-            os.set_blocking(write, False)
-            self._wakeup = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+            read, self._pipe = os.pipe()
+            os.set_blocking(self._pipe, False)
+            self._wakeup = signal.set_wakeup_fd(self._pipe, warn_on_full_buffer=False)
             threading.Thread(target=self._watch, args=(read,), daemon=True, name="slimpar-stop-signal").start()
 
     def uninstall(self) -> None:
@@ -97,36 +102,40 @@ class StopRequest:
             signal.set_wakeup_fd(self._wakeup)
 
     def _watch(self, fd: int) -> None:
-        """Start the grace clock as soon as a stop signal's number reaches the wakeup pipe."""
-        while True:
+        """The grace clock: wait for the first stop signal's number on the pipe (written by the C-level handler at
+        once, and by :meth:`_handler`), then ``grace_s``, then end the process (:meth:`_expired`)."""
+        number = 0
+        while not number:
             try:
                 data = os.read(fd, 64)
             except OSError:
                 return
             if not data:
                 return
-            for number in data:
-                if number in STOP_SIGNALS:
-                    self._note(number)
+            number = next((n for n in data if n in STOP_SIGNALS), 0)
+        self._note(number)
+        time.sleep(self.grace_s)
+        self._expired()
 
     def arm(self) -> None:
         """From here on a signal stops at the next step boundary instead of ending the process at once."""
         self.in_loop = True
 
     def _handler(self, signum, frame) -> None:
+        """Note the signal and tell the watcher (which starts the clock once, also where something replaced the
+        wakeup fd); no lock, no thread: this may run inside itself (module docstring)."""
         self._note(signum)
+        try:
+            os.write(self._pipe, bytes([signum]))
+        except OSError:  # a full pipe: the watcher has its byte already
+            pass
         if not self.in_loop:
             raise Preempted(signum)
 
     def _note(self, signum: int) -> None:
-        """The first stop signal: remember it and start the grace clock (once, from the handler or the watcher)."""
-        with self._lock:
-            if self.signum:
-                return
+        """Remember the first stop signal (from the handler or the watcher: a plain store, no lock)."""
+        if not self.signum:
             self.signum = int(signum)
-            self._timer = threading.Timer(self.grace_s, self._expired)
-            self._timer.daemon = True
-            self._timer.start()
 
     def agreed(self, group, device) -> int:
         """The stop signal any rank received (0: none), the same on every rank: one all-reduce (MAX) of an int32
