@@ -18,8 +18,8 @@ Algorithm, in every worker (:func:`slimpar.train.launch.worker.worker_main` inst
 The Python-level handler takes no lock and starts no thread: it runs in the main thread between bytecodes, also
 inside itself (a second signal while the first one's handler waits, e.g. SLURM's signal to every process plus the
 launcher's forwarded copy), and a handler that started the grace timer under a lock deadlocked there, its rank
-hanging in the step until the grace ended it without a checkpoint (a killed launcher's workers, 1 run in 30 under
-load). The grace clock belongs to the watcher thread alone.
+hanging in the step until the grace ended it without a checkpoint. The grace clock belongs to the watcher thread
+alone.
 
 Who prints the closing line (:func:`stop_message`, from the record): the process that launched the run, which knows
 the command that resumes it: slimpar's launcher, an in-process run's CLI, torchrun's rank 0. A worker prints it
