@@ -52,7 +52,7 @@ def train_command(args: argparse.Namespace, rest: list[str]) -> int:
     """
     config = args.config or str(DEFAULT_CONFIG)
     from slimpar.config import load_config
-    from slimpar.train.validate.checks import validate
+    from slimpar.train.validate.checks import check_overrides_read, validate
 
     extra = ["--checkpoint.resume", "false"] if args.fresh else []
     if args.resume is not AUTO:  # an explicit --resume [auto] wins over a config's resume = false
@@ -72,6 +72,7 @@ def train_command(args: argparse.Namespace, rest: list[str]) -> int:
         print(to_toml(cfg), end="")
         return 0
     validate(cfg)  # after the world size is known: under torchrun it is WORLD_SIZE
+    check_overrides_read(cfg, rest)
     from slimpar.train.launch.launcher import default_run_folder, launch
     from slimpar.train.validate.limits import check_writable
 

@@ -177,6 +177,12 @@ CLI_CASES: list[tuple[str, list[str], str | tuple[str, ...]]] = [
                        "--sdp.level", "layer"], "sdp.level"),
     ("bad-pipeline-codec", ["train", "--config", T, "--parallel.mode", "pipeline", "--parallel.workers", "2",
                             "--pipeline.codec", "zip"], "pipeline.codec"),
+    ("sdp-flag-in-ddp", ["train", "--config", T, "--parallel.mode", "ddp", "--parallel.workers", "2",
+                         "--sdp.keep", "0.3"], ("--sdp.keep", "parallel.mode = 'ddp'", "parallel.mode sdp")),
+    ("pipeline-flag-in-sdp", ["train", "--config", T, "--parallel.mode", "sdp", "--parallel.workers", "2",
+                              "--pipeline.rvq.levels", "2"], ("--pipeline.rvq.levels", "[pipeline]")),
+    ("sdp-flag-in-pipeline-ddp", ["train", "--config", T, "--parallel.mode", "pipeline", "--parallel.workers", "2",
+                                  "--sdp.level", "neuron"], ("--sdp.level", "--pipeline.dp sdp")),
     ("eval-without-run", ["eval"], ("--run", "required")),
     ("eval-run-without-value", ["eval", "--run"], ("--run", "expected one argument")),
     ("export-one-path", ["export", "--hf", "only"], ("--hf", "expected 2 arguments")),
@@ -198,6 +204,21 @@ def test_bad_command_line(name, argv, match, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a run without --out would pick a folder under ./runs: it must not appear
     argv = argv + (["--out", str(tmp_path / "run")] if argv[0] == "train" and "--out" not in argv else [])
     expect_exit_2(argv, tmp_path, capsys, match)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["--parallel.mode", "sdp", "--sdp.keep", "0.3"],
+    ["--parallel.mode", "pipeline", "--pipeline.stages", "2", "--pipeline.rvq.levels", "2"],
+    ["--parallel.mode", "pipeline", "--pipeline.dp", "sdp", "--sdp.assignment", "random"],
+    ["--parallel.mode", "single", "--train.steps", "3"],
+])
+def test_mode_settings_the_run_reads_pass(overrides):
+    """The refusal above is for settings the mode ignores only; a config file's sections are never checked."""
+    from slimpar.config import load_config
+    from slimpar.train.validate.checks import check_overrides_read
+
+    check_overrides_read(load_config(T, overrides), overrides)
+    check_overrides_read(load_config(T, ["--sdp.keep", "0.3", "--pipeline.stages", "2"]), [])  # the file's sections
 
 
 def test_out_is_a_file(tmp_path, capsys):

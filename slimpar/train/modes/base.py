@@ -35,6 +35,10 @@ class Mode:
             return ""
         return model_scope_refusal(cfg, self.why_not_model_scope)
 
+    def reads(self, cfg: Config) -> tuple[str, ...]:
+        """The mode sections ([sdp], [pipeline]) this run reads: a setting of any other one changes nothing."""
+        return () if self.section is None else (self.section,)
+
     def kind(self, cfg: Config) -> str:
         """The strategy the config asks for (slimpar.train.strategies' builders are keyed by it)."""
         return self.name

@@ -18,6 +18,9 @@ class Pipeline(Mode):
             "virtual", "rvq.levels", "rvq.codebook", "dp", "sdp_keep")
     why_not_model_scope = "a pipeline's stages and codecs run block by block"
 
+    def reads(self, cfg: Config) -> tuple[str, ...]:
+        return ("pipeline", "sdp") if cfg.pipeline.dp == "sdp" else ("pipeline",)  # dp = sdp: SDP's plan rules
+
     def kind(self, cfg: Config) -> str:
         pc = cfg.pipeline
         return "pipeline-virtual" if pc.virtual else "pipeline-sdp" if pc.dp == "sdp" else "pipeline"

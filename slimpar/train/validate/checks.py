@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from slimpar.config import Config, ConfigError, load_config
+from slimpar.config import Config, ConfigError, load_config, parse_overrides
 from slimpar.config import check_choice as _choice
 from slimpar.data.vocab import config_vocab_size
 from slimpar.parallel.compile import BACKENDS as COMPILE_BACKENDS
@@ -34,6 +34,29 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     resolve_device(cfg)
     validate(cfg, training=training, data=data)
     return cfg
+
+
+# who reads each mode section, for the refusal of a setting the run's mode would ignore
+_READERS = {"sdp": "parallel.mode sdp, or pipeline with --pipeline.dp sdp", "pipeline": "parallel.mode pipeline"}
+
+
+def check_overrides_read(cfg: Config, overrides: list[str]) -> None:
+    """Refuse a command-line setting of a mode section ([sdp], [pipeline]) that this run's mode never reads: a
+    ``--sdp.keep 0.3`` given to a DDP run would otherwise train DDP as if the flag were not there. A config
+    file's sections stay free to hold every mode's settings; only what the command line names is checked.
+    (Settings that wait on a switch, such as ``train.compile_backend`` on ``train.compile``, are left alone: a
+    sweep passes them to its eager and compiled rows alike.)"""
+    reads = mode_of(cfg).reads(cfg)
+    for section, fields in parse_overrides(overrides).items():
+        if section in _READERS and section not in reads:
+            key = section
+            while isinstance(fields, dict):  # the first field named: --pipeline.rvq.levels -> pipeline.rvq.levels
+                name, fields = next(iter(fields.items()))
+                key += f".{name}"
+            raise ConfigError(
+                f"--{key} is given, but this run's parallel.mode = {cfg.parallel.mode!r} never reads [{section}] "
+                f"settings (read by: {_READERS[section]}), so the run would train as if it were not there; drop "
+                "it, or choose the mode that uses it")
 
 
 def _positive(where: str, value: float, zero_ok: bool = False) -> None:
