@@ -44,7 +44,10 @@ def _export(args: argparse.Namespace, rest: list[str]) -> int:
 
 def _sample(args: argparse.Namespace, rest: list[str]) -> int:
     if rest:
-        raise ConfigError(f"unexpected arguments {' '.join(rest)}; usage: slimpar sample --run RUN --prompt TEXT")
+        dashed = [w.replace("_", "-") for w in rest if w.startswith("--") and "_" in w]
+        hint = f" (options are spelled with dashes: {' '.join(dashed)})" if dashed else ""
+        raise ConfigError(f"unexpected arguments {' '.join(rest)}{hint}; usage: slimpar sample --run RUN --prompt TEXT "
+                          "[--max-new-tokens N] [--temperature T] [--top-k K] [--seed SEED]")
     from slimpar.commands.sample import sample_command
 
     return sample_command(args.run, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)

@@ -61,6 +61,7 @@ def _fake_run(path, config, tokenizer=True):
     ("--temperature -0.5", "--temperature must be a finite number >= 0"),
     ("--temperature nan", "--temperature must be a finite number >= 0"),
     ("--top-k -1", "--top-k must be >= 0"),
+    ("--max_new_tokens 10", "spelled with dashes: --max-new-tokens"),
 ])
 def test_bad_runs_and_values_exit_2_before_loading(tmp_path, capsys, case, message):
     run, extra = str(tmp_path / "missing"), []
