@@ -36,7 +36,8 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None, through_code
     from slimpar.train.checkpoint.export import verify_export
 
     verify_export(run_dir)  # model.safetensors against the run's manifest.json, before anything reads it
-    pipeline = load_config(cfg_path).parallel.mode == "pipeline"
+    trained = load_config(cfg_path, overrides)  # the run's own settings (its processes and replicas)
+    pipeline = trained.parallel.mode == "pipeline"
     if through_codecs and not pipeline:
         raise ConfigError(f"{run_dir} is not a pipeline run (no boundary codecs): evaluate without --through-codecs")
     # one process on the CPU, where the model is built and evaluated: a GPU run's config.toml says cuda and nccl
@@ -53,7 +54,7 @@ def evaluate_run(run_dir: Path, overrides: list[str] | None = None, through_code
     data = build_data(cfg)
     model = build_model(cfg, data)  # the run's initial model: a pipeline's anchors and SSN tables start from it
     if through_codecs:
-        results, name = _through_codecs(cfg, model, data, state, codecs), "eval_through_codecs.json"
+        results, name = _through_codecs(cfg, trained, model, data, state, codecs), "eval_through_codecs.json"
     else:
         from slimpar.train.evaluate import evaluate
         from slimpar.train.strategies.base import Strategy
@@ -83,18 +84,26 @@ def check_shapes(model: torch.nn.Module, state: dict[str, torch.Tensor], run_dir
                           "evaluate with the run's own settings: drop the --model.* overrides")
 
 
-def _through_codecs(cfg, model, data, state: dict[str, torch.Tensor], codecs: dict[str, torch.Tensor]) -> dict:
-    """Every stage of the run's pipeline in this process, the export's weights and codec state loaded."""
+def codecs_as_trained(trained, vocab: int) -> list:
+    """The run's codec specs from its own settings, ``trained``: with ``compression_of = total`` r follows the
+    rows a replica's microbatch carries, so it must not be read from the one-process config evaluation runs."""
+    from slimpar.train.run_plan import run_plan
+
+    return run_plan(trained, vocab).codecs
+
+
+def _through_codecs(cfg, trained, model, data, state: dict[str, torch.Tensor], codecs: dict[str, torch.Tensor]) -> dict:
+    """Every stage of the run's pipeline in this process (``cfg``: one process on the CPU), the export's weights and
+    codec state loaded into the codecs the run trained (``trained``: its own settings)."""
     from slimpar.pipeline.evaluate import evaluate_pipeline
     from slimpar.pipeline.ssn import load_effective_state_dict
     from slimpar.pipeline.virtual import VirtualPipeline, load_codec_state
     from slimpar.pipeline.wire import ByteCounter
     from slimpar.train.build import loss_fn
     from slimpar.train.evaluate import val_splits
-    from slimpar.train.run_plan import run_plan
     from slimpar.train.strategies.pipeline import build_run_stages
 
-    specs = run_plan(cfg, model.cfg.vocab_size).codecs
+    specs = codecs_as_trained(trained, model.cfg.vocab_size)
     stages = build_run_stages(cfg, model, specs, list(range(cfg.pipeline.stages)), "cpu")  # as the model: on the CPU
     for stage in stages:
         load_effective_state_dict(stage.model, state)
