@@ -107,7 +107,10 @@ def _through_codecs(cfg, trained, model, data, state: dict[str, torch.Tensor], c
     stages = build_run_stages(cfg, model, specs, list(range(cfg.pipeline.stages)), "cpu")  # as the model: on the CPU
     for stage in stages:
         load_effective_state_dict(stage.model, state)
-    load_codec_state(stages, codecs)
+    try:
+        load_codec_state(stages, codecs)
+    except ValueError as e:  # the export's codecs are not the ones these settings build: the user's input
+        raise ConfigError(f"{e}; evaluate with the run's own settings (drop the --pipeline.* overrides)") from None
     counter = ByteCounter()
     links = VirtualPipeline(stages, counter, loss_fn, cfg.pipeline.sync_dtype).links  # (sender, receiver) ends
     return evaluate_pipeline(stages, {p: pair[1] for p, pair in enumerate(links)},

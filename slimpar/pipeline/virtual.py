@@ -189,6 +189,11 @@ def load_codec_state(stages: list[StageModule], state: dict[str, torch.Tensor]) 
     """
     for stage in stages:
         mine = {k: v for k, v in state.items() if k.split(".", 1)[0] in stage.codecs}
+        built = stage.codecs.state_dict()
+        shapes = [f"{k}: saved {tuple(v.shape)}, built {tuple(built[k].shape)}" for k, v in mine.items()
+                  if k in built and isinstance(v, torch.Tensor) and v.shape != built[k].shape]
+        if shapes:
+            raise ValueError(f"stage {stage.stage}: codec state does not fit this run's codecs: {'; '.join(shapes)}")
         missing, unexpected = stage.codecs.load_state_dict(mine, strict=False)
         wrong = [k for k in missing if not k.endswith("_extra_state")] + list(unexpected)
         if wrong:

@@ -308,3 +308,15 @@ def test_tied_gradient_counts_once_in_the_clip_norm(data) -> None:
     ref = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
     strat.train_step(0, _batch_fn(data, cfg))
     assert strat.clip_grad_norm(float("inf")) == pytest.approx(ref, rel=1e-5)
+
+
+def test_codec_state_of_another_rank_is_refused_by_name(data) -> None:
+    """load_codec_state (evaluation through the codecs) names a tensor whose shape is not the built codec's."""
+    from slimpar.pipeline.virtual import load_codec_state
+
+    cfg = _cfg("--pipeline.codec", "mapl")
+    strat = VirtualPipelineStrategy(cfg, build_model(cfg, data), CTX, run_plan(cfg, data.vocab_size))
+    A = strat.stages[0].encoder.projector.A
+    state = {"send0.projector.A": torch.zeros(A.shape[0], A.shape[1] + 1)}
+    with pytest.raises(ValueError, match=rf"send0.projector.A: saved \({A.shape[0]}, {A.shape[1] + 1}\), built"):
+        load_codec_state(strat.stages, state)
