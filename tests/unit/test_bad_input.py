@@ -183,6 +183,9 @@ CLI_CASES: list[tuple[str, list[str], str | tuple[str, ...]]] = [
                               "--pipeline.rvq.levels", "2"], ("--pipeline.rvq.levels", "[pipeline]")),
     ("sdp-flag-in-pipeline-ddp", ["train", "--config", T, "--parallel.mode", "pipeline", "--parallel.workers", "2",
                                   "--sdp.level", "neuron"], ("--sdp.level", "--pipeline.dp sdp")),
+    ("sdp-keep-in-hybrid", ["train", "--config", T, "--parallel.mode", "pipeline", "--parallel.workers", "4",
+                            "--pipeline.dp", "sdp", "--sdp.keep", "0.5"],
+     ("--sdp.keep", "reads only sdp.assignment", "--pipeline.sdp_keep")),
     ("eval-without-run", ["eval"], ("--run", "required")),
     ("eval-run-without-value", ["eval", "--run"], ("--run", "expected one argument")),
     ("export-one-path", ["export", "--hf", "only"], ("--hf", "expected 2 arguments")),
@@ -209,7 +212,8 @@ def test_bad_command_line(name, argv, match, tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("overrides", [
     ["--parallel.mode", "sdp", "--sdp.keep", "0.3"],
     ["--parallel.mode", "pipeline", "--pipeline.stages", "2", "--pipeline.rvq.levels", "2"],
-    ["--parallel.mode", "pipeline", "--pipeline.dp", "sdp", "--sdp.assignment", "random"],
+    ["--parallel.mode", "pipeline", "--pipeline.dp", "sdp", "--sdp.assignment", "random", "--sdp.check_every", "5",
+     "--sdp.min_holders", "2", "--pipeline.sdp_keep", "0.5"],
     ["--parallel.mode", "single", "--train.steps", "3"],
 ])
 def test_mode_settings_the_run_reads_pass(overrides):

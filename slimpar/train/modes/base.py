@@ -36,7 +36,8 @@ class Mode:
         return model_scope_refusal(cfg, self.why_not_model_scope)
 
     def reads(self, cfg: Config) -> tuple[str, ...]:
-        """The mode sections ([sdp], [pipeline]) this run reads: a setting of any other one changes nothing."""
+        """The mode sections ([sdp], [pipeline]) this run reads, or single fields of one it reads in part
+        (``"sdp.assignment"``): a command-line setting of any other is refused (validate.checks)."""
         return () if self.section is None else (self.section,)
 
     def kind(self, cfg: Config) -> str:

@@ -19,7 +19,9 @@ class Pipeline(Mode):
     why_not_model_scope = "a pipeline's stages and codecs run block by block"
 
     def reads(self, cfg: Config) -> tuple[str, ...]:
-        return ("pipeline", "sdp") if cfg.pipeline.dp == "sdp" else ("pipeline",)  # dp = sdp: SDP's plan rules
+        if cfg.pipeline.dp != "sdp":
+            return ("pipeline",)
+        return ("pipeline", "sdp.assignment", "sdp.min_holders", "sdp.check_every")  # the stage replicas' SDP plans
 
     def kind(self, cfg: Config) -> str:
         pc = cfg.pipeline

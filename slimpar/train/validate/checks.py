@@ -36,27 +36,39 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | None 
     return cfg
 
 
-# who reads each mode section, for the refusal of a setting the run's mode would ignore
+# who reads each mode section, for the refusal of a setting the run's mode would ignore; and the setting meant
+# where a mode reads a section only in part
 _READERS = {"sdp": "parallel.mode sdp, or pipeline with --pipeline.dp sdp", "pipeline": "parallel.mode pipeline"}
+_INSTEAD = {"sdp.keep": "--pipeline.sdp_keep"}
+
+
+def _dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """parse_overrides' nested keys, dotted: {"pipeline": {"rvq": {"levels": "2"}}} -> ["pipeline.rvq.levels"]."""
+    return [k for name, v in tree.items()
+            for k in (_dotted(v, f"{prefix}{name}.") if isinstance(v, dict) else [f"{prefix}{name}"])]
 
 
 def check_overrides_read(cfg: Config, overrides: list[str]) -> None:
-    """Refuse a command-line setting of a mode section ([sdp], [pipeline]) that this run's mode never reads: a
-    ``--sdp.keep 0.3`` given to a DDP run would otherwise train DDP as if the flag were not there. A config
+    """Refuse a command-line setting of a mode section ([sdp], [pipeline]) that this run never reads: a
+    ``--sdp.keep 0.3`` given to a DDP run would otherwise train DDP as if the flag were not there, and a hybrid
+    pipeline (``pipeline.dp sdp``) reads only a few [sdp] fields (its keep is ``pipeline.sdp_keep``). A config
     file's sections stay free to hold every mode's settings; only what the command line names is checked.
     (Settings that wait on a switch, such as ``train.compile_backend`` on ``train.compile``, are left alone: a
     sweep passes them to its eager and compiled rows alike.)"""
     reads = mode_of(cfg).reads(cfg)
-    for section, fields in parse_overrides(overrides).items():
-        if section in _READERS and section not in reads:
-            key = section
-            while isinstance(fields, dict):  # the first field named: --pipeline.rvq.levels -> pipeline.rvq.levels
-                name, fields = next(iter(fields.items()))
-                key += f".{name}"
+    for key in _dotted(parse_overrides(overrides)):
+        section = key.split(".", 1)[0]
+        if section not in _READERS or section in reads or key in reads:
+            continue
+        some = [r for r in reads if r.startswith(f"{section}.")]
+        if not some:
             raise ConfigError(
                 f"--{key} is given, but this run's parallel.mode = {cfg.parallel.mode!r} never reads [{section}] "
                 f"settings (read by: {_READERS[section]}), so the run would train as if it were not there; drop "
                 "it, or choose the mode that uses it")
+        instead = f" (the setting meant is likely {_INSTEAD[key]})" if key in _INSTEAD else ""
+        raise ConfigError(f"--{key} is given, but of [{section}] this run reads only {', '.join(some)}, so it "
+                          f"would train as if the flag were not there{instead}; drop it")
 
 
 def _positive(where: str, value: float, zero_ok: bool = False) -> None:
