@@ -121,3 +121,20 @@ def test_hybrid_replicas_shrink_from_four_workers_to_two(tmp_path: Path) -> None
     _assert_export_is_checkpoint(exported, saved)
     s = summary(out)
     assert [(m["step"], m["old_world"], m["new_world"]) for m in s["membership"]] == [(2, 4, 2)]
+
+
+def test_an_automatic_rank_survives_losing_a_replica(tmp_path: Path) -> None:
+    """The hybrid at the default compression (4 of every byte, r automatic) loses a replica: on 4 workers r = 14,
+    on 2 the same settings choose r = 15 (tests/unit/test_pipeline_kept_rank.py), so the resumed run keeps the
+    checkpoint's r (it could not load its codecs otherwise), says so, and grows back to 4 workers with that r."""
+    hybrid = ["--eval.batches", "1", "--data.ood", "none", "--parallel.mode", "pipeline", "--pipeline.stages", "2",
+              "--pipeline.microbatches", "2", "--pipeline.codec", "mapl", "--pipeline.dp", "sdp",
+              "--pipeline.sdp_keep", "0.5", "--checkpoint.final", "false", "--train.steps", "4"]
+    out = tmp_path / "run"
+    run_train(out, *hybrid, "--parallel.workers", "4", "--train.stop_after", "2", timeout=300)
+    shrunk = run_train(out, *hybrid, "--parallel.workers", "2", "--train.stop_after", "3", resume=True, timeout=300)
+    assert "keeps its checkpoint's codec rank r = 14" in shrunk.stdout, shrunk.stdout
+    assert "resuming from step 2" in shrunk.stdout and "r = 14 of d = 64" in shrunk.stdout
+    grown = run_train(out, *hybrid, "--parallel.workers", "4", resume=True, timeout=300)
+    assert "resuming from step 3" in grown.stdout and "r = 14 of d = 64" in grown.stdout, grown.stdout
+    assert len(losses(out)) == 4

@@ -72,6 +72,32 @@ def _describe(layout: dict) -> str:
     return MODES[name].layout_text(layout) if name in MODES else f"{name} ({layout.get('workers')} workers)"
 
 
+def read_layout(path: Path) -> dict | None:
+    """A checkpoint's ``layout.json`` (None where it has none: older slimpar); ManifestError where unreadable."""
+    f = Path(path) / LAYOUT
+    if not f.is_file():
+        return None
+    try:
+        old = json.loads(f.read_bytes().decode("utf-8"))
+        if not isinstance(old, dict) or not isinstance(old.get("model"), dict) or "names" not in old:
+            raise ValueError("no names or model")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ManifestError(f"{f} is unreadable ({e}); use another checkpoint or start over with --fresh") from None
+    return old
+
+
+def keep_checkpoint_settings(cfg, path: Path | None) -> str:
+    """Set in ``cfg`` what resuming the checkpoint at ``path`` keeps where the config leaves it automatic (a
+    pipeline's codec rank: ``Mode.keep``); a note, or "". Applied to the new run's config and to the old one it is
+    compared with (slimpar.train.launch.rerun), so a kept value is no change of settings."""
+    layout = read_layout(path) if path is not None else None
+    if layout is None:
+        return ""
+    from slimpar.train.checkpoint.pipeline import saved_rank
+
+    return mode_of(cfg).keep(cfg, layout, {"r": saved_rank(path) if layout.get("pipeline") else None})
+
+
 def check_layout(path: Path, new: dict) -> None:
     """Raise ConfigError (exit 2) unless a run with layout ``new`` can load the checkpoint at ``path``.
 
@@ -79,15 +105,9 @@ def check_layout(path: Path, new: dict) -> None:
     keep, level, regime or plan; single, DDP, FSDP2); "pipeline-full" ones into any pipeline with the same
     seed and codec (:func:`_check_pipeline`); other formats only into the same layout.
     Checkpoints without ``layout.json`` (older slimpar) are not checked here."""
-    f = Path(path) / LAYOUT
-    if not f.is_file():
+    old = read_layout(path)
+    if old is None:
         return
-    try:
-        old = json.loads(f.read_bytes().decode("utf-8"))
-        if not isinstance(old, dict) or not isinstance(old.get("model"), dict) or "names" not in old:
-            raise ValueError("no names or model")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ManifestError(f"{f} is unreadable ({e}); use another checkpoint or start over with --fresh") from None
     fix = "resume with the checkpoint's settings, or start over with --fresh (or another --out)"
     a, b = model_shape(old["model"]), model_shape(new["model"])  # compared by value, not by how it was spelled
     if a != b:
@@ -122,8 +142,9 @@ def _check_pipeline(path: Path, old: dict, new: dict, fix: str) -> None:
     """Pipeline to pipeline: any stage count, virtual or not, any ``dp``/``sdp_keep`` (names by block and cut);
     the seed must match, and the codec settings unless no cut is kept (every codec then restarts)."""
     a, b = old.get("pipeline", {}), new.get("pipeline", {})
-    codec = _tied_diff({k: v for k, v in a.items() if k not in _RESHARDS},
-                       {k: v for k, v in b.items() if k not in _RESHARDS}, "pipeline.")
+    skip = (*_RESHARDS, "rank")  # the saved r decides: an automatic rank resumes at it (Mode.keep)
+    codec = _tied_diff({k: v for k, v in a.items() if k not in skip},
+                       {k: v for k, v in b.items() if k not in skip}, "pipeline.")
     kept = sorted(set(a.get("cuts", [])) & set(b.get("cuts", [])))
     diff = _tied_diff({"seed": old.get("seed")}, {"seed": new.get("seed")}, "")
     if codec and (kept or "cuts" not in a):

@@ -54,6 +54,18 @@ def checkpoint_cuts(path: Path) -> tuple[str, list[int] | None, int | None]:
     return names, cuts, tied.get("stages")
 
 
+def saved_rank(path: Path) -> int | None:
+    """The r of the projectors a checkpoint's codecs hold (A is (d, r)), read from its DCP metadata through the
+    safe reader; None where no codec has a projector (or the checkpoint has no metadata)."""
+    meta = Path(path) / ".metadata"
+    if not meta.is_file():
+        return None
+    keys = read_dcp_metadata(meta).state_dict_metadata
+    ranks = {tuple(v.size)[1] for k, v in keys.items() if k.startswith("model.codecs.cut")
+             and k.endswith(".projector.A") and len(getattr(v, "size", ())) == 2}
+    return min(ranks) if ranks else None  # every boundary has the same r (one spec for all)
+
+
 def _with_prefixes(keys) -> set[str]:
     """DCP's metadata keys and every dotted prefix of them: DCP flattens a nested non-tensor value (an RVQ's
     extra state dict) into one key per leaf, so an entry is present when its name is a prefix of some key."""

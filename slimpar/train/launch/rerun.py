@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from slimpar.config import Config, ConfigError, load_config, to_dict
-from slimpar.train.checkpoint.layout import SHAPE_DEFAULTS, model_shape
+from slimpar.train.checkpoint.layout import SHAPE_DEFAULTS, keep_checkpoint_settings, model_shape
 from slimpar.train.modes import mode_of
 
 # accepted silently: they change what is logged, evaluated or saved, or how fast, not what is trained
@@ -98,6 +98,7 @@ def check_rerun(out_dir: Path, cfg: Config, checkpoint: Path, step: int, allow: 
         if main:
             print(f"note: {path} is not comparable with this run's config ({e}); resuming without the check")
         return
+    keep_checkpoint_settings(old, checkpoint)  # what the new run keeps from the checkpoint, the old one kept too
     defining, layout = config_changes(old, cfg)
     notes = [c + (_schedule_note(old, cfg, step) if c.startswith("train.steps:") else "") for c in defining]
     if defining and not allow:

@@ -79,6 +79,11 @@ class Mode:
                 out[name] = values[name]
         return out
 
+    def keep(self, cfg: Config, layout: dict[str, Any], saved: dict[str, Any]) -> str:
+        """Set in ``cfg`` what a resumed run keeps from its checkpoint (``layout``: its layout.json; ``saved``: what
+        its tensors say, e.g. ``{"r": 14}``) where the config leaves it automatic; a note saying so, or ""."""
+        return ""
+
     def layout_text(self, layout: dict[str, Any]) -> str:
         """A checkpoint's layout (:meth:`layout` within ``layout.json``) in words, for a refusal to load it."""
         return f"{self.name} ({layout.get('workers')} workers)"

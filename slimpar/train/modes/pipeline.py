@@ -53,6 +53,25 @@ class Pipeline(Mode):
             out["codec_options"] = asdict(settings)
         return out
 
+    def keep(self, cfg: Config, layout: dict, saved: dict) -> str:
+        """The checkpoint's codec rank r where a cut is kept: an automatic ``pipeline.rank`` becomes it (with
+        ``compression_of = total`` r follows a replica's rows per microbatch, so an elastic restart on fewer workers
+        would choose another r and could not load the codecs it trained); another explicit one is refused."""
+        r, pc = saved.get("r"), cfg.pipeline
+        if r is None or layout.get("pipeline", {}).get("codec") != pc.codec:
+            return ""  # no projector saved, or another codec (refused by name in check_layout)
+        if not set(layout.get("pipeline", {}).get("cuts", [])) & set(self.cuts(cfg)):
+            return ""  # every codec restarts at new cuts
+        if pc.rank and pc.rank != r:
+            raise ConfigError(f"the checkpoint's codecs have rank r = {r}, this run asks --pipeline.rank {pc.rank} "
+                              f"at a cut it keeps; --pipeline.rank {r} (or leaving it automatic) keeps them, or "
+                              "start over with --fresh (or another --out)")
+        if pc.rank:
+            return ""
+        pc.rank = r
+        return (f"note: the pipeline keeps its checkpoint's codec rank r = {r} (pipeline.rank is automatic: with "
+                "compression_of total r follows a replica's rows per microbatch, which another worker count changes)")
+
     def layout_text(self, layout: dict) -> str:
         tied = layout.get("pipeline", {})
         return f"pipeline ({tied.get('stages')} stages, codec {tied.get('codec')})"
