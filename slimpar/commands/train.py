@@ -83,15 +83,14 @@ def train_command(args: argparse.Namespace, rest: list[str]) -> int:
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun every rank runs this; rank 0 speaks
     if cfg.checkpoint.resume:  # the checkpoint a resume would load must fit this run (layout.json): exit 2
         from slimpar.train.checkpoint.dcp import check_resume
-        from slimpar.train.checkpoint.folders import latest_checkpoint
         from slimpar.train.checkpoint.layout import keep_checkpoint_settings
         from slimpar.train.launch.rerun import check_rerun
 
-        kept = keep_checkpoint_settings(cfg, latest_checkpoint(out))  # e.g. the pipeline codecs' r
-        if kept and main:
-            print(kept, flush=True)
         path = check_resume(out, cfg)
         if path is not None:  # and its run's settings must be this run's (config.toml), or --allow-change
+            kept = keep_checkpoint_settings(cfg, path)  # e.g. the pipeline codecs' r, from the verified checkpoint
+            if kept and main:
+                print(kept, flush=True)
             check_rerun(out, cfg, path, int(path.name.split("_")[-1]), args.allow_change, main)
         from slimpar.train.checkpoint.init_from import check_init_from
 
