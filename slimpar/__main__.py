@@ -12,6 +12,6 @@ def _interrupted_while_starting(signum, frame):
 
 signal.signal(signal.SIGINT, _interrupted_while_starting)
 
-from slimpar.cli import main  # noqa: E402
+from slimpar.cli import entry  # noqa: E402
 
-sys.exit(main())
+entry()

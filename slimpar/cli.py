@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 from slimpar import __version__, torch_range
 from slimpar.cli_help import config_help
@@ -19,6 +20,7 @@ from slimpar.commands import train as train_cmd
 from slimpar.config import DEFAULT_CONFIG, Config, ConfigError
 from slimpar.train.job.preempt import EXIT_CODE, STOP_SIGNALS, Preempted
 from slimpar.train.launch.failure import debugging, internal_error
+from slimpar.utils import exit_failed
 
 
 def _eval(args: argparse.Namespace, rest: list[str]) -> int:
@@ -262,5 +264,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def entry() -> NoReturn:
+    """The ``slimpar`` command and ``python -m slimpar``: :func:`main`, then its exit status.
+
+    A failure (already reported) exits without the interpreter's teardown (why: :func:`slimpar.utils.exit_failed`).
+    """
+    code = main()
+    if code:
+        exit_failed(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

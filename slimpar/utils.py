@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import sys
+import threading
+from typing import NoReturn
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -53,3 +57,24 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def exit_failed(code: int) -> NoReturn:
+    """End a process that failed with ``code`` now, without the interpreter's teardown.
+
+    Order: join its non-daemon threads, run its ``atexit`` handlers (multiprocessing's, logging's, torch's),
+    flush stdout and stderr, then ``os._exit``. What is skipped is the teardown of modules and C++ statics:
+    about 0.6 s after a bare ``import torch`` and 1.5 s after a failed training worker on 2 cores, several times
+    that on a loaded machine. A job that gave up on a hung collective waits for every worker and the launcher to
+    exit before it can end, so that teardown added seconds past ``parallel.timeout_s``. Nothing is lost: a run's
+    files are closed before its processes raise ``SystemExit``, and what ``atexit`` would do still runs.
+    """
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not me and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()  # CPython's own exit step (3.8+), the one the interpreter runs before its teardown
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

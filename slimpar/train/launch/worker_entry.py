@@ -6,7 +6,8 @@ Ctrl-C in those seconds printed the traceback of an interrupted import. Here the
 start-up handler that ends the worker with exit 130 and no output (nothing is written before
 ``worker_main``, which replaces it by the training handler), and only then is torch imported. SIGTERM and SIGUSR1
 (the stop signals) get the same start-up handler with exit 143, and the worker asks to die with its launcher
-(:mod:`slimpar.train.job.parent`) before anything else.
+(:mod:`slimpar.train.job.parent`) before anything else. A worker that fails (or stops) exits without the
+interpreter's teardown (:func:`slimpar.utils.exit_failed`), so its launcher learns of it at once.
 """
 
 from __future__ import annotations
@@ -23,8 +24,14 @@ def main(argv: list[str]) -> None:
     import json
 
     from slimpar.train.launch.worker import worker_main
+    from slimpar.utils import exit_failed
 
-    worker_main(json.loads(argv[1]), argv[2])
+    try:
+        worker_main(json.loads(argv[1]), argv[2])
+    except SystemExit as e:  # a failed or stopped worker: its closing line is out, its files are closed
+        if e.code not in (None, 0):
+            exit_failed(e.code if isinstance(e.code, int) else 1)
+        raise
 
 
 if __name__ == "__main__":
