@@ -198,6 +198,15 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested dict's leaves by dotted key: ``{"pipeline": {"rvq": {"levels": 2}}}`` -> ``{"pipeline.rvq.levels": 2}``
+    (of :func:`to_dict` or :func:`parse_overrides`)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
 def from_dict(data: dict[str, Any]) -> Config:
     cfg = Config()
     _apply(cfg, data, "")

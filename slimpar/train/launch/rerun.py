@@ -21,7 +21,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from slimpar.config import Config, ConfigError, load_config, to_dict
+from slimpar.config import Config, ConfigError, dotted, load_config, to_dict
 from slimpar.train.checkpoint.layout import SHAPE_DEFAULTS, keep_checkpoint_settings, model_shape
 from slimpar.train.modes import mode_of
 
@@ -35,18 +35,11 @@ LAYOUT = ("parallel.mode", "parallel.workers", "sdp.", "train.grad_accum", "pipe
           "pipeline.dp", "pipeline.sdp_keep")
 
 
-def _leaves(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def config_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
     """``(defining, layout)``: the changed fields as ``"train.lr: 0.003 -> 0.001"``. A section that neither run
     uses (``sdp.*`` outside SDP, ``pipeline.*`` outside pipelines) is not compared, nor ``model.vocab_size``
     when the new run leaves it to the tokenizer (0; ``config.toml`` names the real size)."""
-    a, b = _leaves(to_dict(old)), _leaves(to_dict(new))
+    a, b = dotted(to_dict(old)), dotted(to_dict(new))
     if _same_shape(old, new):  # --model.n_layers 4 on tiny spells out tiny's own value: not a change
         for key in ("model.size", *(f"model.{k}" for k in SHAPE_DEFAULTS)):
             a.pop(key, None), b.pop(key, None)

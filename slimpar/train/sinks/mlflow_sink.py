@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slimpar.config import Config, to_dict
+from slimpar.config import Config, dotted, to_dict
 from slimpar.train.sinks.scalars import record_scalars, summary_scalars
 
 STORE = "mlruns"
@@ -28,15 +28,10 @@ def store_uri(out_dir: Path) -> str:
     return (Path(out_dir).resolve() / STORE).as_uri()
 
 
-def flat_params(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def flat_params(tree: dict[str, Any]) -> dict[str, str]:
     """The config tree as ``section.key`` -> value text (lists comma-separated, as on the command line)."""
-    out: dict[str, str] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out |= flat_params(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    return out
+    return {key: ",".join(map(str, value)) if isinstance(value, list) else str(value)
+            for key, value in dotted(tree).items()}
 
 
 class MLflowSink:

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from slimpar.config import Config, ConfigError, load_config, parse_overrides
+from slimpar.config import Config, ConfigError, dotted, load_config, parse_overrides
 from slimpar.config import check_choice as _choice
 from slimpar.data.vocab import config_vocab_size
 from slimpar.parallel.compile import BACKENDS as COMPILE_BACKENDS
@@ -42,12 +42,6 @@ _READERS = {"sdp": "parallel.mode sdp, or pipeline with --pipeline.dp sdp", "pip
 _INSTEAD = {"sdp.keep": "--pipeline.sdp_keep"}
 
 
-def _dotted(tree: dict[str, Any], prefix: str = "") -> list[str]:
-    """parse_overrides' nested keys, dotted: {"pipeline": {"rvq": {"levels": "2"}}} -> ["pipeline.rvq.levels"]."""
-    return [k for name, v in tree.items()
-            for k in (_dotted(v, f"{prefix}{name}.") if isinstance(v, dict) else [f"{prefix}{name}"])]
-
-
 def check_overrides_read(cfg: Config, overrides: list[str]) -> None:
     """Refuse a command-line setting of a mode section ([sdp], [pipeline]) that this run never reads: a
     ``--sdp.keep 0.3`` given to a DDP run would otherwise train DDP as if the flag were not there, and a hybrid
@@ -56,7 +50,7 @@ def check_overrides_read(cfg: Config, overrides: list[str]) -> None:
     (Settings that wait on a switch, such as ``train.compile_backend`` on ``train.compile``, are left alone: a
     sweep passes them to its eager and compiled rows alike.)"""
     reads = mode_of(cfg).reads(cfg)
-    for key in _dotted(parse_overrides(overrides)):
+    for key in dotted(parse_overrides(overrides)):
         section = key.split(".", 1)[0]
         if section not in _READERS or section in reads or key in reads:
             continue
