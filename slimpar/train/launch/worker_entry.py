@@ -29,9 +29,9 @@ def main(argv: list[str]) -> None:
     try:
         worker_main(json.loads(argv[1]), argv[2])
     except SystemExit as e:  # a failed or stopped worker: its closing line is out, its files are closed
-        if e.code not in (None, 0):
-            exit_failed(e.code if isinstance(e.code, int) else 1)
-        raise
+        if isinstance(e.code, int) and e.code:
+            exit_failed(e.code)
+        raise  # success, or a message for the interpreter to print
 
 
 if __name__ == "__main__":
