@@ -123,6 +123,7 @@ def test_hybrid_replicas_shrink_from_four_workers_to_two(tmp_path: Path) -> None
     assert [(m["step"], m["old_world"], m["new_world"]) for m in s["membership"]] == [(2, 4, 2)]
 
 
+@pytest.mark.slow  # 4 + 2 + 4 local processes (~58 s on 2 cores); tests/unit/test_pipeline_kept_rank.py holds the rule
 def test_an_automatic_rank_survives_losing_a_replica(tmp_path: Path) -> None:
     """The hybrid at the default compression (4 of every byte, r automatic) loses a replica: on 4 workers r = 14,
     on 2 the same settings choose r = 15 (tests/unit/test_pipeline_kept_rank.py), so the resumed run keeps the
