@@ -6,8 +6,8 @@ NaN guard) or an input error (exit 2) fails again the same way, N times over. A 
 those writes :data:`MARKER` in the run folder before it exits:
 
 - slimpar's launcher reads it after the failure and does not restart (:func:`slimpar.train.launch.launcher.launch`);
-- under torchrun, whose agent restarts regardless, a restarted worker finds it and exits at once with the
-  same message, before it builds anything.
+- under torchrun, whose agent restarts regardless, a restarted worker finds it and exits at once, before it
+  builds anything; the first worker of that attempt to find it prints its message (:func:`first_to_say`).
 
 A new invocation (``restart_count() == 0``) clears it: the user has changed something.
 """
@@ -44,10 +44,25 @@ def read(out_dir: str | Path) -> tuple[str, str, int] | None:
 
 
 def clear(out_dir: str | Path) -> None:
+    for path in (Path(out_dir) / MARKER, *Path(out_dir).glob(f"{MARKER}.said-*")):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def first_to_say(out_dir: str | Path, attempt: int) -> bool:
+    """Whether this worker is the first of restart ``attempt`` to claim the recorded failure's message (an
+    exclusive create beside the marker), so that exactly one worker prints it. Why not rank 0 alone: a worker
+    that exits makes the agent stop the others, and rank 0 may still be starting then; its message was lost.
+    Where the folder cannot be written, rank 0 says it."""
     try:
-        (Path(out_dir) / MARKER).unlink()
-    except FileNotFoundError:
-        pass
+        os.close(os.open(Path(out_dir) / f"{MARKER}.said-{attempt}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return int(os.environ.get("RANK", "0")) == 0
 
 
 def not_retried(what: str) -> str:

@@ -89,7 +89,7 @@ def _run(cfg: Config, out_dir: str, stop: preempt.StopRequest) -> None:
             raise SystemExit(preempt.EXIT_CODE)
         recorded = failure.read(out_dir)
         if recorded is not None:  # torchrun's agent restarts regardless: end at once (failure.py)
-            if int(os.environ.get("RANK", "0")) == 0:
+            if failure.first_to_say(out_dir, restart_count()):
                 print(f"slimpar: error: {recorded[1]}\n{failure.not_retried(recorded[0])}", file=sys.stderr,
                       flush=True)
             raise SystemExit(recorded[2])
