@@ -216,7 +216,7 @@ def _preflight(args: argparse.Namespace) -> None:
         raise ConfigError(f"--out {args.out!r} exists and is not a folder; give a run folder")
     resume = getattr(args, "resume", False)
     if resume and str(resume).lower() not in ("false", "no", "never", "0") and not getattr(args, "fresh", False):
-        from slimpar.train.checkpoint.dcp import check_resume
+        from slimpar.train.checkpoint.preflight import check_resume
 
         check_resume(out)
 

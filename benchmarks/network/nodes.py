@@ -211,7 +211,7 @@ def run_two_nodes(nodes: TwoNodes, config: str | Path, out: str | Path, override
 def _wait_for_checkpoint(out: Path, after: int, procs: list[subprocess.Popen], deadline: float) -> str:
     """Poll until the newest complete checkpoint in ``out`` is past step ``after``; returns its folder name.
     Raises RuntimeError when an agent ended first or at ``deadline`` (``time.monotonic``)."""
-    from slimpar.train.checkpoint.dcp import latest_checkpoint
+    from slimpar.train.checkpoint.folders import latest_checkpoint
 
     while (ckpt := latest_checkpoint(out)) is None or int(ckpt.name.split("_")[-1]) <= after:
         codes = [p.poll() for p in procs]

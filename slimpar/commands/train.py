@@ -82,8 +82,8 @@ def train_command(args: argparse.Namespace, rest: list[str]) -> int:
     check_writable(out, "the run folder")
     main = int(os.environ.get("RANK", "0")) == 0  # under torchrun every rank runs this; rank 0 speaks
     if cfg.checkpoint.resume:  # the checkpoint a resume would load must fit this run (layout.json): exit 2
-        from slimpar.train.checkpoint.dcp import check_resume
         from slimpar.train.checkpoint.layout import keep_checkpoint_settings
+        from slimpar.train.checkpoint.preflight import check_resume
         from slimpar.train.launch.rerun import check_rerun
 
         path = check_resume(out, cfg)

@@ -76,11 +76,14 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables (T, head_dim) in the half-split layout used by Hugging Face's LLaMA."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    freqs = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)  # (T, hd/2)
+    """cos/sin tables (T, head_dim) in the half-split layout used by Hugging Face's LLaMA, computed on the host in
+    float32 (the same numbers whatever the device) and placed on the default device (meta in a plan's model)."""
+    host = {"dtype": torch.float32, "device": "cpu"}
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, **host) / head_dim))
+    freqs = torch.outer(torch.arange(max_seq_len, **host), inv_freq)  # (T, hd/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (T, hd)
-    return emb.cos(), emb.sin()
+    device = torch.get_default_device()
+    return emb.cos().to(device), emb.sin().to(device)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

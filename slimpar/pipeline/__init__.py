@@ -10,14 +10,20 @@ projector identical), ``MaplTrainingSpec`` with ``training.build_optimizer`` / `
 training step: ``CodecSpec.mapl`` fits r to a byte budget with it), ``PipelineLayout`` /
 ``build_groups`` (the process groups of stages × replicas), and ``CodecKind`` / ``register_codec`` (a codec of
 one's own: docs/pipeline.md, "Adding a codec").
+
+``CodecPipelineStage`` is imported on first use (PEP 562): it loads ``torch.distributed.pipelining``, which loads
+``torch._dynamo`` (about a second), and a launcher that only validates a pipeline's settings needs neither.
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 from slimpar.pipeline.budget import StepShape
 from slimpar.pipeline.codec_registry import CodecKind, register_codec, unregister_codec
 from slimpar.pipeline.groups import PipelineLayout, build_groups
 from slimpar.pipeline.spec import CodecSpec, RVQSpec, StageContext
 from slimpar.pipeline.split import StageModule, build_stages, stage_ranges
-from slimpar.pipeline.stage import CodecPipelineStage
 from slimpar.pipeline.sync import SharedParamSync
 from slimpar.pipeline.training import MaplTrainingSpec
 from slimpar.pipeline.virtual import VirtualPipeline
@@ -26,3 +32,15 @@ from slimpar.pipeline.wire import ByteCounter
 __all__ = ["ByteCounter", "CodecKind", "CodecPipelineStage", "CodecSpec", "MaplTrainingSpec", "PipelineLayout",
            "RVQSpec", "SharedParamSync", "StageContext", "StageModule", "StepShape", "VirtualPipeline", "build_groups",
            "build_stages", "register_codec", "stage_ranges", "unregister_codec"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CodecPipelineStage":
+        from slimpar.pipeline.stage import CodecPipelineStage
+
+        return CodecPipelineStage
+    raise AttributeError(f"module 'slimpar.pipeline' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

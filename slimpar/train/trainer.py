@@ -16,8 +16,9 @@ import torch.distributed as dist
 from slimpar.config import Config, to_dict
 from slimpar.parallel.compile import CompileWatch, merge_watches
 from slimpar.train.build import build_data, build_model, eval_every, final_eval_config, lr_at, total_steps
-from slimpar.train.checkpoint.dcp import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
+from slimpar.train.checkpoint.dcp import load_checkpoint, save_checkpoint
 from slimpar.train.checkpoint.export import export_safetensors
+from slimpar.train.checkpoint.folders import checkpoint_dir, latest_checkpoint
 from slimpar.train.checkpoint.init_from import check_init_from
 from slimpar.train.checkpoint.layout import checkpoint_layout
 from slimpar.train.guard import StepGuard, check_export

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slimpar.train.checkpoint.dcp import latest_checkpoint
+from slimpar.train.checkpoint.folders import latest_checkpoint
 from tests.helpers import assert_same_run, run_train, stop_and_resume
 
 COMMON = ["--parallel.mode", "sdp", "--train.steps", "3", "--eval.batches", "1", "--data.ood", "none",

@@ -623,7 +623,7 @@ def test_resume_refuses_a_bad_checkpoint(defect, tiny_run, tmp_path, capsys):
 
 def test_resume_of_the_untouched_copy_verifies(tiny_run, tmp_path):
     """The baseline of the checkpoint cases: an untouched copy passes the launcher's check."""
-    from slimpar.train.checkpoint.dcp import check_resume
+    from slimpar.train.checkpoint.preflight import check_resume
 
     run = _copy_run(tiny_run, tmp_path / "run")
     assert check_resume(run).name == "step_000003"

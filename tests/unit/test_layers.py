@@ -7,6 +7,7 @@ import sys
 PROBE = """
 import json, sys
 import slimpar.sdp, slimpar.pipeline, slimpar.codecs, slimpar.optim, slimpar.models
+slimpar.pipeline.CodecPipelineStage  # imported on first use (slimpar/pipeline/__init__.py)
 from slimpar import SubnetworkDataParallel  # the top-level API, imported on first use (slimpar/__init__.py)
 print(json.dumps(sorted(m for m in sys.modules if m.startswith(("slimpar", "benchmarks")))))
 """

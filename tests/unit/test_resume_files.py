@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from slimpar.config import Config, load_config
-from slimpar.train.checkpoint.dcp import latest_checkpoint, prune_checkpoints
+from slimpar.train.checkpoint.dcp import prune_checkpoints
+from slimpar.train.checkpoint.folders import latest_checkpoint
 from slimpar.train.launch.launcher import FRESH_DELETES, prepare_out_dir
 from slimpar.train.sinks.metrics import MetricsWriter
 from tests.helpers import TINY

@@ -28,8 +28,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from slimpar.train.checkpoint.folders import STEP_DIR, checkpoint_dir, latest_checkpoint
-from slimpar.train.checkpoint.layout import LAYOUT, check_layout, checkpoint_layout
+from slimpar.train.checkpoint.folders import STEP_DIR, checkpoint_dir
+from slimpar.train.checkpoint.layout import LAYOUT, check_layout
 from slimpar.train.checkpoint.manifest import ManifestError, verify_manifest, write_manifest
 from slimpar.train.checkpoint.safe_dcp import dcp_load, read_dcp_metadata
 from slimpar.utils import write_text_atomic
@@ -136,15 +136,3 @@ def verify_checkpoint(path: Path) -> int:
         raise ManifestError(f"{path / 'trainer.json'} says step {step!r} but the folder is {path.name}; {fix}")
     read_dcp_metadata(path / ".metadata")
     return step
-
-
-def check_resume(out_dir: Path, cfg=None) -> Path | None:
-    """In the launching process, before any process starts: verify the checkpoint a resume would load
-    (the newest complete one in ``out_dir``), and with the run's ``cfg`` that it can load it
-    (:func:`check_layout`); None when there is none. Raises ManifestError / ConfigError (exit 2)."""
-    path = latest_checkpoint(Path(out_dir))
-    if path is not None:
-        verify_checkpoint(path)
-        if cfg is not None:
-            check_layout(path, checkpoint_layout(cfg))
-    return path
