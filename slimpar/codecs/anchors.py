@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from slimpar.codecs.projector import PURPOSE_ANCHOR_BASIS, PURPOSE_SSN_TABLE, seeded_generator
 from slimpar.codecs.stiefel import random_stiefel
@@ -63,7 +64,9 @@ class FactorizedAnchor(nn.Module):
         self.E = nn.Parameter(start.contiguous())  # (V, m)
 
     def forward(self, ids: Tensor) -> Tensor:
-        return self.E[ids] @ self.P  # (..., m) @ (m, d) = (..., d)
+        # E[ids] by F.embedding: the same rows, and a backward that sums a repeated id's gradients in a fixed
+        # order (indexing's backward adds them with atomics across threads, in an order that varies run to run)
+        return F.embedding(ids, self.E) @ self.P  # (..., m) @ (m, d) = (..., d)
 
 
 class FullAnchor(nn.Module):
@@ -75,7 +78,7 @@ class FullAnchor(nn.Module):
         self.E = nn.Parameter(start)  # (V, d)
 
     def forward(self, ids: Tensor) -> Tensor:
-        return self.E[ids]  # (..., d)
+        return F.embedding(ids, self.E)  # (..., d): E[ids], summed in a fixed order in backward (as above)
 
 
 def ssn_token_table(vocab: int, d: int, seed: int, std: float) -> Tensor:

@@ -7,7 +7,7 @@ are what a boundary costs (docs/pipeline.md, 'One process: the virtual pipeline'
 the same products on 2-D matrices and return every gradient from one backward (``StiefelProjector`` uses them):
 
     down:  c = X A                          ∂X = G Aᵀ          ∂A = Xᵀ G
-    lift:  ĥ = C Aᵀ + E[t] P                ∂C = G A           ∂A = Gᵀ C      ∂E = scatter-add_t(G Pᵀ)
+    lift:  ĥ = C Aᵀ + E[t] P                ∂C = G A           ∂A = Gᵀ C      ∂E[v] = Σ_{t_i = v} (G Pᵀ)_i
 
 with X (n, d), C and G rows of tokens and P (m, d) frozen. Under autocast the products run in the autocast
 dtype, as autocast would run the matmuls, and each gradient returns in its input's dtype. No communication.
@@ -82,7 +82,9 @@ class _Lift(torch.autograd.Function):
         if ctx.dtypes[2] is not None and ctx.needs_input_grad[2]:
             P, flat, table = ctx.anchor
             rows = torch.mm(G, P.t()).to(ctx.dtypes[2])  # (n, m)
-            gE = rows.new_zeros(table).index_put_((flat,), rows, accumulate=True)
+            # the rows summed per id as an embedding's backward sums them: sorted, so the same bits every run
+            # (index_put_ with accumulate adds with atomics across threads, in an order that varies run to run)
+            gE = torch.ops.aten.embedding_dense_backward(rows, flat, table[0], -1, False)
         return gc, gA, gE, None, None
 
 

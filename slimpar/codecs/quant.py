@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 INT8_MAX = 127
+_TINY = 2.0**-149  # the least positive (subnormal) float32
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -87,9 +88,11 @@ class Int8Codec(nn.Module):
 
     def encode(self, x: torch.Tensor) -> Int8Payload:
         xf = x.float()  # (..., D)
-        scale = (xf.abs().amax(-1, keepdim=True) / INT8_MAX).to(self.scale_dtype)  # (..., 1)
-        s = scale.float()
-        safe = s.masked_fill(s == 0, 1.0)  # an all-zero row divides by 1 (scale ≥ 0; a NaN scale stays NaN)
+        absmax = torch.linalg.vector_norm(xf, ord=math.inf, dim=-1, keepdim=True)  # max |x| per row, one kernel
+        scale = (absmax / INT8_MAX).to(self.scale_dtype)  # (..., 1)
+        # a row whose scale is 0 divides by the least positive float32 (every other scale is at least that, so
+        # unchanged): it decodes to 0 whatever its values (an all-zero row sends 0s); a NaN scale stays NaN
+        safe = scale.float().clamp_min(_TINY)
         q = torch.round(xf / safe).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)  # (..., D)
         return Int8Payload(q, scale)
 

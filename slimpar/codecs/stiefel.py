@@ -77,7 +77,7 @@ def polar_express_coefficients(steps: int) -> list[tuple[float, float, float]]:
     return rows[:steps]
 
 
-def polar_express(X: Tensor, steps: int = DEFAULT_POLAR_STEPS) -> Tensor:
+def polar_express(X: Tensor, steps: int = DEFAULT_POLAR_STEPS, fro: Tensor | None = None) -> Tensor:
     """msign(X) by Polar Express in fp32 (arXiv 2505.16932; docs/methods.md, 'Polar Express').
 
     X ← X / (1.01 ‖X‖_F + 1e-7) puts every singular value in [0, 1/1.01]; then for t = 1..steps,
@@ -85,19 +85,17 @@ def polar_express(X: Tensor, steps: int = DEFAULT_POLAR_STEPS) -> Tensor:
     σ ↦ p_t(σ) while the singular vectors stay fixed. The table is designed for normalised singular
     values in [1e-3, 1]; smaller ones need extra final-row steps; exact zeros stay 0 (p_t is odd).
 
-    Accepts (..., m, n) with any m, n; returns float32 of the same shape.
+    Accepts (..., m, n) with any m, n; returns float32 of the same shape. ``fro``: ‖X‖_F of each matrix as
+    (..., 1, 1), where the caller has it already (SPEL's move test computes it), else computed here.
     """
     if X.ndim < 2:
         raise ValueError(f"polar_express needs a matrix (..., m, n), got shape {tuple(X.shape)}")
     with pinned_fp32(X.device.type):
-        return _polar_express(X, steps)
+        return _polar_iterate(X, polar_express_coefficients(steps), normalise=True, fro=fro)
 
 
-def _polar_express(X: Tensor, steps: int) -> Tensor:
-    return _polar_iterate(X, polar_express_coefficients(steps), normalise=True)
-
-
-def _polar_iterate(X: Tensor, rows: list[tuple[float, float, float]], normalise: bool) -> Tensor:
+def _polar_iterate(X: Tensor, rows: list[tuple[float, float, float]], normalise: bool,
+                   fro: Tensor | None = None) -> Tensor:
     """X ← a X + (b S + c S²) X per row (a, b, c), S the Gram of the short side; fp32, any (..., m, n).
 
     A tall X (m > n) is updated as X ← a X + X (b S + c S²) with S = XᵀX, the same polynomial in its singular
@@ -105,7 +103,7 @@ def _polar_iterate(X: Tensor, rows: list[tuple[float, float, float]], normalise:
     """
     Y = X.to(torch.float32)
     if normalise:
-        norm = torch.linalg.matrix_norm(Y, ord="fro", keepdim=True)  # (..., 1, 1)
+        norm = torch.linalg.matrix_norm(Y, ord="fro", keepdim=True) if fro is None else fro  # (..., 1, 1)
         Y = Y / (norm * _PE_SAFETY + 1e-7)
     mm, add_mm = (torch.mm, torch.addmm) if Y.ndim == 2 else (torch.bmm, torch.baddbmm)  # fused: 3 ops a step
     flat = Y.reshape(-1, *Y.shape[-2:]) if Y.ndim > 3 else Y  # (n, m, k) or (m, k)
@@ -185,13 +183,15 @@ def polar_eigh(X: Tensor) -> Tensor:
     return (Q.mT if wide else Q).to(out_dtype)
 
 
-def msign(X: Tensor, backend: str = "polar_express", steps: int = DEFAULT_POLAR_STEPS) -> Tensor:
+def msign(X: Tensor, backend: str = "polar_express", steps: int = DEFAULT_POLAR_STEPS,
+          fro: Tensor | None = None) -> Tensor:
     """Matrix sign / orthogonal polar factor U Vᵀ of X = U Σ Vᵀ with the chosen backend.
 
-    ``backend="polar_express"`` (fp32, ``steps`` iterations) or ``"eigh"`` (exact, float64 inside).
+    ``backend="polar_express"`` (fp32, ``steps`` iterations; ``fro`` as :func:`polar_express` takes it) or
+    ``"eigh"`` (exact, float64 inside; ``fro`` unused).
     """
     if backend == "polar_express":
-        return polar_express(X, steps=steps)
+        return polar_express(X, steps=steps, fro=fro)
     if backend == "eigh":
         return polar_eigh(X)
     raise ValueError(f"unknown msign backend {backend!r}; choose from {', '.join(BACKENDS)}")

@@ -98,8 +98,9 @@ def spel_step(
         M = momentum_buf.to(torch.float32).contiguous()  # (d, r)
         A32 = A.to(torch.float32).contiguous()  # (d, r)
         xi = tangent_project(A32, M)  # (d, r)
-        moves = torch.linalg.matrix_norm(xi) > TANGENT_RTOL * torch.linalg.matrix_norm(M)  # 0-d bool
-        D = msign(xi, backend=backend, steps=polar_steps)  # (d, r), singular values ≈ 1
+        fro = torch.linalg.matrix_norm(xi, keepdim=True)  # (1, 1) ‖ξ‖_F: the move test and the normalisation
+        moves = fro > TANGENT_RTOL * torch.linalg.matrix_norm(M, keepdim=True)  # (1, 1) bool
+        D = msign(xi, backend=backend, steps=polar_steps, fro=fro)  # (d, r), singular values ≈ 1
         A.copy_(torch.where(moves, retract(A32 - lr * D, lr, backend, polar_steps), A32))
 
 
@@ -116,9 +117,10 @@ def spel_steps(As: list[Tensor], grads: list[Tensor], momentum_bufs: list[Tensor
         M = torch.stack(momentum_bufs).to(torch.float32)  # (n, d, r), contiguous
         A32 = torch.stack(As)  # (n, d, r)
         xi = tangent_project(A32, M)  # (n, d, r)
-        moves = torch.linalg.matrix_norm(xi) > TANGENT_RTOL * torch.linalg.matrix_norm(M)  # (n,) bool
-        D = msign(xi, backend=backend, steps=polar_steps)  # (n, d, r)
-        new = torch.where(moves.view(-1, 1, 1), retract(torch.add(A32, D, alpha=-lr), lr, backend, polar_steps), A32)
+        fro = torch.linalg.matrix_norm(xi, keepdim=True)  # (n, 1, 1) ‖ξ‖_F: the move test and the normalisation
+        moves = fro > TANGENT_RTOL * torch.linalg.matrix_norm(M, keepdim=True)  # (n, 1, 1) bool
+        D = msign(xi, backend=backend, steps=polar_steps, fro=fro)  # (n, d, r)
+        new = torch.where(moves, retract(torch.add(A32, D, alpha=-lr), lr, backend, polar_steps), A32)
         torch._foreach_copy_(As, list(new.unbind(0)))
 
 

@@ -3,8 +3,8 @@ against one process training the same model (llama_small, 4 stages, 4 microbatch
 
 Budgets: one pass through the 4 stages at most 1.15x the single process's ops (the microbatched schedule ran
 every stage's ops once per microbatch: 8,691 against 2,101 at 119f13a); MAPL 4x at most 1.09x the
-uncompressed pipeline's (2,434 against 2,239: SPEL's Polar Express for D, the projections and anchors with their
-backward as one autograd node each way, the batched exchange of A's gradient: about 195 ops; the goal of 1.05x
+uncompressed pipeline's (2,427 against 2,239: SPEL's Polar Express for D, the projections and anchors with their
+backward as one autograd node each way, the batched exchange of A's gradient: 188 ops; the goal of 1.05x
 is not reached, docs/pipeline.md).
 """
 

@@ -114,3 +114,38 @@ def test_fused_maps_dispatch_fewer_ops_than_the_composition():
     fused = _dispatches(lambda: stiefel_lift(c, A, E, P, ids))
     composed = _dispatches(lambda: c @ A.t() + E[ids] @ P)
     assert fused < composed, (fused, composed)
+
+
+def _table_grad_lift(E, P, ids, g):
+    c = torch.zeros(*ids.shape, R)
+    return torch.autograd.grad(stiefel_lift(c, random_stiefel(D, R), E, P, ids), E, g)[0]
+
+
+def _table_grad_anchor(anchor, ids, g):
+    return torch.autograd.grad(anchor(ids), anchor.E, g)[0]
+
+
+@pytest.mark.parametrize("kind", ["lift", "factorized", "full"])
+def test_table_gradient_is_the_same_bits_every_run(kind):
+    """A token id repeated thousands of times: its rows must be summed in one order on every run. Indexing's
+    backward (index_put_ with accumulate) adds them with atomics over threads and gave a different sum on each of
+    20 runs with 2 threads; an embedding's backward sums them in sorted order."""
+    from slimpar.codecs.anchors import FactorizedAnchor, FullAnchor
+
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 8, (16, 1024), generator=g)  # 16k tokens over 8 ids
+    if kind == "lift":
+        E, P = torch.randn(8, M, generator=g, requires_grad=True), random_stiefel(D, M, g).t().contiguous()
+        run = lambda gr: _table_grad_lift(E, P, ids, gr)  # noqa: E731
+    else:
+        anchor = FactorizedAnchor(8, M, D) if kind == "factorized" else FullAnchor(8, D)
+        anchor.E.data.normal_(generator=g)
+        run = lambda gr: _table_grad_anchor(anchor, ids, gr)  # noqa: E731
+    grad_out = torch.randn(16, 1024, D, generator=g)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        sums = {run(grad_out).numpy().tobytes() for _ in range(8)}
+    finally:
+        torch.set_num_threads(threads)
+    assert len(sums) == 1
