@@ -85,6 +85,22 @@ def test_verify_checkpoint_checks_the_step_against_the_folder(tmp_path):
         verify_checkpoint(moved)
 
 
+def test_the_launchers_resume_check_hashes_a_checkpoint_once_until_it_changes(tmp_path, monkeypatch):
+    """The launcher checks a resume twice (before and after the config loads); the second hashes nothing unless a
+    file changed in between, and then it fails as the first would have."""
+    from slimpar.train.checkpoint import dcp
+    from slimpar.train.checkpoint.preflight import check_resume
+
+    path, calls, real = _fake_checkpoint(tmp_path), [], dcp.verify_checkpoint
+    monkeypatch.setattr(dcp, "verify_checkpoint", lambda p: calls.append(p) or real(p))
+    assert check_resume(tmp_path) == path and check_resume(tmp_path) == path
+    assert len(calls) == 1
+    (path / "__0_0.distcp").write_bytes(os.urandom(255))  # rewritten: another size
+    with pytest.raises(ManifestError, match="__0_0.distcp has 255 bytes"):
+        check_resume(tmp_path)
+    assert len(calls) == 2
+
+
 # ---------------------------------------------------------------- CIFAR without pickle's code execution
 
 def _batch(protocol: int) -> bytes:
