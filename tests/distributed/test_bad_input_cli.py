@@ -1,5 +1,5 @@
 """A handful of malformed inputs end to end through ``python -m slimpar`` (the rest of the suite runs
-in-process: tests/unit/test_bad_input.py): exit 2, one message, no traceback, nothing written, and a
+in-process: tests/unit/test_bad_input*.py): exit 2, one message, no traceback, nothing written, and a
 crafted pickle in a checkpoint's ``.metadata`` never runs."""
 
 from __future__ import annotations
