@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
+from tests.bad_input import TINY_RUN_ARGS, tree
 from tests.helpers import ROOT, TINY
-from tests.unit.test_bad_input import TINY_RUN_ARGS, tree
 
 
 class _Crafted:

@@ -11,8 +11,8 @@ import pytest
 from slimpar.config import load_config
 from slimpar.train.validate import memory_floor
 from slimpar.train.validate.memory_floor import PROCESS_BYTES, _logits_bytes, local_ranks, rank_floors
+from tests.bad_input import expect_exit_2
 from tests.helpers import TINY
-from tests.unit.test_bad_input import expect_exit_2
 
 VOCAB = 512
 GiB = 1 << 30

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from slimpar.train.launch.run_lock import LOCK, RunFolderInUse, run_lock
-from tests.unit.test_bad_input import TINY_RUN_ARGS, T, expect_exit_2
+from tests.bad_input import TINY_RUN_ARGS, T, expect_exit_2
 
 HOLD = """
 import fcntl, os, sys, time
