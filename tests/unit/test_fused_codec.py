@@ -5,6 +5,8 @@ CPU bf16 autocast, the same expressions run by autocast. Also: P gets no gradien
 fused backward dispatches fewer ops than the composition's (the point of fusing).
 """
 
+import functools
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -116,15 +118,6 @@ def test_fused_maps_dispatch_fewer_ops_than_the_composition():
     assert fused < composed, (fused, composed)
 
 
-def _table_grad_lift(E, P, ids, g):
-    c = torch.zeros(*ids.shape, R)
-    return torch.autograd.grad(stiefel_lift(c, random_stiefel(D, R), E, P, ids), E, g)[0]
-
-
-def _table_grad_anchor(anchor, ids, g):
-    return torch.autograd.grad(anchor(ids), anchor.E, g)[0]
-
-
 @pytest.mark.parametrize("kind", ["lift", "factorized", "full"])
 def test_table_gradient_is_the_same_bits_every_run(kind):
     """A token id repeated thousands of times: its rows must be summed in one order on every run. Indexing's
@@ -136,16 +129,16 @@ def test_table_gradient_is_the_same_bits_every_run(kind):
     ids = torch.randint(0, 8, (16, 1024), generator=g)  # 16k tokens over 8 ids
     if kind == "lift":
         E, P = torch.randn(8, M, generator=g, requires_grad=True), random_stiefel(D, M, g).t().contiguous()
-        run = lambda gr: _table_grad_lift(E, P, ids, gr)  # noqa: E731
+        forward = functools.partial(stiefel_lift, torch.zeros(16, 1024, R), random_stiefel(D, R, g), E, P, ids)
     else:
         anchor = FactorizedAnchor(8, M, D) if kind == "factorized" else FullAnchor(8, D)
         anchor.E.data.normal_(generator=g)
-        run = lambda gr: _table_grad_anchor(anchor, ids, gr)  # noqa: E731
+        E, forward = anchor.E, functools.partial(anchor, ids)
     grad_out = torch.randn(16, 1024, D, generator=g)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        sums = {run(grad_out).numpy().tobytes() for _ in range(8)}
+        sums = {torch.autograd.grad(forward(), E, grad_out)[0].numpy().tobytes() for _ in range(8)}
     finally:
         torch.set_num_threads(threads)
     assert len(sums) == 1
