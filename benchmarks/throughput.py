@@ -12,6 +12,9 @@ a CPU, which has no bf16 matrix units):
   ``--train.compile true`` (``train compiled, loss`` adds ``--train.compile_scope loss``);
 - ``virtual pipeline, none`` / ``MAPL 4x`` / ``MAPL 16x + RVQ``: the same model as a 4-stage virtual pipeline (one
   process, 4 microbatches in one pass), eager: what the stages and each codec cost next to ``train eager``.
+- ``MAPL boundary step``: one MAPL 4x boundary at the model's width and the batch's tokens, alone, in this process
+  (benchmarks/boundary.py: both halves' forward and backward, one SPEL step); its ratio is to the whole model's
+  plain compiled step, and it has no MFU (not a model step).
 
 A row that raises is recorded with its error (``"error"``, no numbers) and the next row runs; results.json and
 report.md are rewritten after every row, so a run cut short (the device check's time limit) keeps its finished
@@ -37,6 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.boundary import boundary_row
 from benchmarks.report import COMPRESSION_NOTE, fmt, markdown_table, metadata, write_json
 from benchmarks.runner import Row, run_row
 from slimpar.config import ConfigError
@@ -108,7 +112,9 @@ PLAIN_ROWS = {"plain eager": (False, None), "plain compiled": (True, None),  # (
 CUDA_ONLY = ("plain compiled, CUDA graphs",)  # on a CPU inductor skips CUDA graphs: the row would repeat the one above
 TRAINER_ROWS = ("train eager", "train compiled", "train compiled, loss")
 PIPELINE_ROWS = ("virtual pipeline, none", "virtual pipeline, MAPL 4x", "virtual pipeline, MAPL 16x + RVQ")
-GROUPS = {"plain": tuple(PLAIN_ROWS), "trainer": TRAINER_ROWS, "pipeline": PIPELINE_ROWS}  # --rows names them
+BOUNDARY_ROWS = ("MAPL boundary step",)  # in-process, before the trainer rows: a device call's cheapest row first
+GROUPS = {"plain": tuple(PLAIN_ROWS), "trainer": TRAINER_ROWS, "pipeline": PIPELINE_ROWS,  # --rows names them
+          "boundary": BOUNDARY_ROWS}
 # all 4 blocks as 4 stages in one process, 4 microbatches a step (one pass): a codec's cost next to the stages'
 VIRTUAL = ["--parallel.mode", "pipeline", "--parallel.workers", "1", "--pipeline.virtual", "true",
            "--pipeline.stages", "4", "--pipeline.microbatches", "4"]
@@ -157,7 +163,8 @@ def finish(rows: dict[str, dict], shape: Shape, device: torch.device) -> list[di
                         "ratio_to_plain_compiled": None, "peak_mem_bytes": None, "aten_ops": None})
             continue
         tps = shape.batch * shape.seq / r["step_time_s"]
-        out.append({"row": name, **r, "tokens_per_s": tps, "mfu": mfu(tps, per_token, peak),
+        out.append({"row": name, **r, "tokens_per_s": tps,
+                    "mfu": None if name in BOUNDARY_ROWS else mfu(tps, per_token, peak),
                     "ratio_to_plain_compiled": r["step_time_s"] / base if base else None})
     return out
 
@@ -177,7 +184,18 @@ def report_markdown(lines: list[dict], meta: dict) -> str:
             f"{meta['mfu_note']}. Load (1 min) at start and end: {meta['load_1m'][0]:.1f}, {meta['load_1m'][1]:.1f} "
             f"on {meta['cpus']} CPUs. Peak memory: CUDA's allocator on a GPU; on a CPU the trainer's exact accounting "
             f"(none for the plain loop). Aten ops: one step counted eagerly, compiled rows too (dynamo steps aside "
-            f"under the counter's dispatch mode).\n\n{COMPRESSION_NOTE}\n\n{table}\n")
+            f"under the counter's dispatch mode).\n\n{COMPRESSION_NOTE}\n\n{table}\n{_boundary_note(lines)}")
+
+
+def _boundary_note(lines: list[dict]) -> str:
+    """What the boundary row measured: its d, r and tokens, and SPEL's share of its step."""
+    ln = next((ln for ln in lines if ln["row"] in BOUNDARY_ROWS and "error" not in ln), None)
+    if ln is None:
+        return ""
+    tokens = ln["tokens_per_s"] * ln["step_time_s"]
+    return (f"\nMAPL boundary step: d = {ln['dim']}, r = {ln['rank']}, {tokens:,.0f} tokens; "
+            f"{ln['step_time_s'] * 1e3:.2f} ms, of which SPEL's step {ln['spel_time_s'] * 1e3:.2f} ms "
+            "(benchmarks/boundary.py).\n")
 
 
 def _cell(text: str) -> str:
@@ -193,7 +211,7 @@ def parse_rows(text: str) -> list[str] | None:
     """``--rows``: comma-separated row names and groups, where a row's own name may hold a comma ("train compiled,
     loss"): the longest run of pieces that names a row is taken first."""
     parts, names, i = [p.strip() for p in text.split(",")], [], 0
-    known = {*PLAIN_ROWS, *TRAIN_ROWS}
+    known = {*PLAIN_ROWS, *BOUNDARY_ROWS, *TRAIN_ROWS}
     while i < len(parts):
         j = next((j for j in range(len(parts), i, -1) if ", ".join(parts[i:j]) in known), i + 1)
         names.append(", ".join(parts[i:j]))
@@ -204,7 +222,7 @@ def parse_rows(text: str) -> list[str] | None:
 def row_names(device: str, rows: Iterable[str] | None = None) -> list[str]:
     """The rows to run, in the table's order: ``rows`` (row names or :data:`GROUPS`; a group keeps only the rows
     this device has), else every row this device has."""
-    every = [n for n in (*PLAIN_ROWS, *TRAIN_ROWS) if device == "cuda" or n not in CUDA_ONLY]
+    every = [n for n in (*PLAIN_ROWS, *BOUNDARY_ROWS, *TRAIN_ROWS) if device == "cuda" or n not in CUDA_ONLY]
     if rows is None:
         return every
     named = {r for r in rows if r not in GROUPS}
@@ -223,6 +241,9 @@ def measure(name: str, shape: Shape, device: str, text: Path, backend: str, out:
         if name in PLAIN_ROWS:
             compiled, mode = PLAIN_ROWS[name]
             return plain_row(shape, torch.device(device), backend if compiled else None, mode)
+        if name in BOUNDARY_ROWS:
+            return boundary_row(shape.size, shape.vocab, shape.batch, shape.seq, shape.warmup, shape.steps,
+                                torch.device(device))
         return train_row(name, shape, device, text, backend, out)
     except Exception as e:  # noqa: BLE001 - recorded in the results and the exit status, never dropped
         return {"error": f"{type(e).__name__}: {e}"[-2000:]}

@@ -8,6 +8,7 @@ import torch
 
 from benchmarks import throughput
 from benchmarks.throughput import (
+    BOUNDARY_ROWS,
     PIPELINE_ROWS,
     TRAIN_ROWS,
     TRAINER_ROWS,
@@ -23,12 +24,14 @@ PLAIN = ("plain eager", "plain compiled")
 
 
 def test_a_tiny_cpu_run_writes_valid_rows(tmp_path):
-    data = bench_throughput(tmp_path, "tiny", "cpu", quick=True, backend="eager", rows=(*PLAIN, *TRAINER_ROWS))
+    data = bench_throughput(tmp_path, "tiny", "cpu", quick=True, backend="eager",
+                            rows=(*PLAIN, "boundary", *TRAINER_ROWS))
     lines = {ln["row"]: ln for ln in data["lines"]}
-    assert list(lines) == ["plain eager", "plain compiled", *TRAINER_ROWS]
+    assert list(lines) == ["plain eager", "plain compiled", *BOUNDARY_ROWS, *TRAINER_ROWS]
     for ln in lines.values():
         assert ln["step_time_s"] > 0 and math.isclose(ln["tokens_per_s"], 8 * 64 / ln["step_time_s"])
         assert ln["aten_ops"] > 0 and ln["mfu"] is None  # a CPU has no peak in the table
+    assert lines["MAPL boundary step"]["aten_ops"] < lines["plain eager"]["aten_ops"] / 5  # one boundary, no blocks
     assert lines["plain compiled"]["ratio_to_plain_compiled"] == 1.0
     assert lines["train compiled"]["compile"]["graph_breaks"] == 0
     assert data["meta"]["mfu_note"] == "cpu" and data["meta"]["git_commit"]
@@ -36,6 +39,7 @@ def test_a_tiny_cpu_run_writes_valid_rows(tmp_path):
     assert [ln["row"] for ln in saved["lines"]] == list(lines)
     report = (tmp_path / "report.md").read_text()
     assert all(f"| {name} |" in report for name in lines)
+    assert "MAPL boundary step: d = 64, r = 16, 512 tokens;" in report
 
 
 def test_the_virtual_pipeline_rows(tmp_path):
@@ -74,8 +78,9 @@ def test_a_failing_row_is_recorded_the_others_run_and_results_follow_every_row(t
 
 
 def test_rows_are_checked_before_anything_is_written(tmp_path):
-    assert row_names("cpu") == [*PLAIN, *TRAIN_ROWS]  # CUDA graphs only where inductor can record them
-    assert row_names("cuda") == [*PLAIN, "plain compiled, CUDA graphs", *TRAIN_ROWS]
+    assert row_names("cpu") == [*PLAIN, *BOUNDARY_ROWS, *TRAIN_ROWS]  # CUDA graphs only where inductor records them
+    assert row_names("cuda") == [*PLAIN, "plain compiled, CUDA graphs", *BOUNDARY_ROWS, *TRAIN_ROWS]
+    assert row_names("cuda", ["boundary", "train eager"]) == [*BOUNDARY_ROWS, "train eager"]  # the device call's
     for bad in (("plain compiled, CUDA graphs",), ("train fast",)):
         with pytest.raises(ConfigError, match="has no row"):
             bench_throughput(tmp_path / "x", "tiny", "cpu", rows=bad)
