@@ -23,6 +23,8 @@ Communication phases of one step:
 from __future__ import annotations
 
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -113,11 +115,13 @@ class GradSync:
             for pid in b.params:
                 self._by_param.setdefault(pid, []).append(b)
         seen: set[int] = set()
+        hook = _weak_hook(weakref.ref(self))
         for b in buckets:
             for p in (q for pcs in b.pieces.values() for q in pcs):
                 if id(p.param) not in seen:
                     seen.add(id(p.param))
-                    self._handles.append(p.param.register_post_accumulate_grad_hook(self._on_grad))
+                    self._handles.append(p.param.register_post_accumulate_grad_hook(hook))
+        weakref.finalize(self, _remove_hooks, self._handles)  # a dropped GradSync leaves no hook behind
         self._reset()
 
     def _reset(self) -> None:
@@ -170,8 +174,29 @@ class GradSync:
         self._reset()
 
     def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
+        _remove_hooks(self._handles)
+
+
+def _weak_hook(ref: weakref.ref) -> Callable[[torch.Tensor], None]:
+    """The post-accumulate-grad hook of a :class:`GradSync`'s parameters, reaching it through a weak reference.
+
+    Why not the bound method: a tensor's hooks are held from C++ (autograd's hook on the parameter), where Python's
+    cycle collector cannot see them, so a hook holding its GradSync kept the GradSync, its buckets, the parameters
+    and its process groups alive after the wrapper was dropped, for the rest of the process. Those groups were then
+    destroyed during interpreter finalization, where a gloo group can abort the process (SIGABRT, "terminate called
+    without an active exception") after a run has finished."""
+
+    def hook(param: torch.Tensor) -> None:
+        sync = ref()
+        if sync is not None:
+            sync._on_grad(param)
+
+    return hook
+
+
+def _remove_hooks(handles: list) -> None:
+    for h in handles:
+        h.remove()
 
 
 def _pack(pieces: list[Piece], numel: int, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -20,6 +20,9 @@ Communication phases (details in :mod:`slimpar.sdp.holders`):
 4. backward regime, after the optimizer step: ``refresh()`` broadcasts stale components;
 5. ``check_replicas()`` compares fingerprints among holders; ``gather_full_model()`` broadcasts every
    component from one holder (or, with ``dst``, sends it to that worker only).
+
+Like DDP, the wrapper owns its sync: once it is dropped, its gradient hooks come off the parameters and it is
+freed at once with its hold on the holder groups (not at interpreter exit), and the module trains on alone.
 """
 
 from __future__ import annotations

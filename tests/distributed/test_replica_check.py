@@ -7,6 +7,8 @@ swapping elements i and i + 1,000,003 (equal weights) went unseen; a byte hash s
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -66,6 +68,7 @@ def _worker(rank: int, init: str, result: str) -> None:
     model = Llama(LlamaConfig.named("tiny", vocab_size=BIG // 64 + 1))  # a tied embedding of > 2.1M elements
     sdp = SubnetworkDataParallel(model, plan_blocks(model, 2, 0.5))
     sdp.check_replicas()  # identical copies pass
+    comm = weakref.ref(sdp.holders.comm)
     emb = model.tok_embeddings.weight
     assert emb.numel() > BIG
     if rank == 1:
@@ -75,11 +78,14 @@ def _worker(rank: int, init: str, result: str) -> None:
         outcome = "missed"
     except RuntimeError as e:
         outcome = str(e)
+    # both ranks leave together, with no group or tensor of the check alive. Under a loaded CI machine a rank
+    # aborted at exit (1 in 15 runs, then rarer) after writing the right outcome: the wrapper's gradient hooks kept
+    # its groups alive until interpreter finalization, where destroying a gloo group can abort (sdp/sync.py)
+    del sdp, model, emb
+    if comm() is not None:
+        outcome += " [the check's groups outlived the wrapper]"
     with open(f"{result}.{rank}", "w") as f:
         f.write(outcome)
-    # both ranks leave together, with no group or tensor of the check alive: once, under a loaded CI
-    # machine, rank 0 aborted in gloo's teardown after both had written the right outcome
-    del sdp, model, emb
     dist.barrier()
     dist.destroy_process_group()
 
@@ -87,4 +93,4 @@ def _worker(rank: int, init: str, result: str) -> None:
 @pytest.mark.timeout(180)
 def test_check_replicas_catches_a_swap_in_a_large_tensor(tmp_path):
     for outcome in spawn_gloo(_worker, 2, tmp_path):
-        assert "SDP replicas of shared parameters differ across holders [0, 1]" in outcome, outcome
+        assert outcome.endswith("SDP replicas of shared parameters differ across holders [0, 1]"), outcome

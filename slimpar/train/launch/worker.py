@@ -9,6 +9,7 @@ launcher (slimpar's or torchrun) ends the whole job instead of leaving it hangin
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import signal
 import sys
@@ -155,6 +156,9 @@ def _run(cfg: Config, out_dir: str, stop: preempt.StopRequest) -> None:
         raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
+            # the run's objects, and the process groups they hold, freed while the interpreter is whole: a gloo
+            # group destroyed during finalization can abort a finished worker (SIGABRT)
+            gc.collect()
             dist.destroy_process_group()
 
 
