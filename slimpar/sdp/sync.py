@@ -121,7 +121,7 @@ class GradSync:
                 if id(p.param) not in seen:
                     seen.add(id(p.param))
                     self._handles.append(p.param.register_post_accumulate_grad_hook(hook))
-        weakref.finalize(self, _remove_hooks, self._handles)  # a dropped GradSync leaves no hook behind
+        self._unhook = weakref.finalize(self, _remove_hooks, self._handles)  # at remove(), or when dropped
         self._reset()
 
     def _reset(self) -> None:
@@ -174,7 +174,7 @@ class GradSync:
         self._reset()
 
     def remove(self) -> None:
-        _remove_hooks(self._handles)
+        self._unhook()
 
 
 def _weak_hook(ref: weakref.ref) -> Callable[[torch.Tensor], None]:
