@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from benchmarks.in_process import time_steps
 from slimpar.models.llama import LlamaConfig
 from slimpar.optim.spel import SPELAdamW
-from slimpar.parallel.syncs import SyncCounter
 from slimpar.pipeline.boundary import BoundaryDecoder, BoundaryEncoder
 from slimpar.pipeline.spec import CodecSpec, StageContext
 from slimpar.pipeline.training import MaplTrainingSpec, build_optimizer
@@ -87,20 +86,12 @@ def boundary_row(size: str, vocab: int, batch: int, seq: int, warmup: int, steps
     """The row's numbers: the median step and SPEL's part of it (seconds), aten ops of one step, CUDA's peak."""
     dim = LlamaConfig.named(size, vocab_size=vocab).dim
     bench = BoundaryStep.build(dim, vocab, batch, seq, device)
-    cuda = device.type == "cuda"
-    times, spel = [], []
-    for i in range(warmup + steps):
-        if i == warmup and cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        t0 = time.perf_counter()
+    spel = []
+
+    def step() -> None:
         bench.step()
-        if cuda:
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
         spel.append(bench.optimizer.last_spel_seconds)
-    with SyncCounter() as counter:
-        bench.step()
-    peak = torch.cuda.max_memory_allocated(device) if cuda else None
-    return {"step_time_s": statistics.median(times[warmup:]), "spel_time_s": statistics.median(spel[warmup:]),
-            "aten_ops": counter.count.ops, "host_syncs": counter.count.total, "dim": dim,
-            "rank": bench.encoder.spec.rank, "peak_mem_bytes": peak}
+
+    row = time_steps(step, warmup, steps, device)
+    return {**row, "spel_time_s": statistics.median(spel[warmup:warmup + steps]), "dim": dim,
+            "rank": bench.encoder.spec.rank}

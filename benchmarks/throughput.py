@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +40,13 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.boundary import boundary_row
+from benchmarks.in_process import time_steps
 from benchmarks.report import COMPRESSION_NOTE, fmt, markdown_table, metadata, write_json
 from benchmarks.runner import Row, run_row
 from slimpar.config import ConfigError
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.compile import apply_compile
 from slimpar.parallel.flops import llama_flops_per_token, mfu, peak_bf16
-from slimpar.parallel.syncs import SyncCounter
 
 
 @dataclass(frozen=True)
@@ -91,20 +90,7 @@ def plain_row(shape: Shape, device: torch.device, backend: str | None, mode: str
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    times = []
-    for i in range(shape.warmup + shape.steps):
-        if i == shape.warmup and cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        t0 = time.perf_counter()
-        step()
-        if cuda:
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    with SyncCounter() as counter:
-        step()
-    peak = torch.cuda.max_memory_allocated(device) if cuda else None
-    return {"step_time_s": statistics.median(times[shape.warmup:]), "aten_ops": counter.count.ops,
-            "host_syncs": counter.count.total, "peak_mem_bytes": peak}
+    return time_steps(step, shape.warmup, shape.steps, device)
 
 
 PLAIN_ROWS = {"plain eager": (False, None), "plain compiled": (True, None),  # (compiled, torch.compile's mode)
