@@ -20,7 +20,6 @@ tangent projection (docs/methods.md, 'SPEL').
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,6 +38,7 @@ from slimpar.codecs.stiefel import (
     tangent_project,
 )
 from slimpar.optim.adamw import adamw_kernels
+from slimpar.optim.timing import SpanTimer
 
 # ξ counts as zero when ‖ξ‖_F ≤ TANGENT_RTOL·‖M‖_F: at that level the tangent part is fp32 rounding
 # and ‖AᵀA − I‖ noise, and msign would turn the noise into a full-length (‖D‖₂ = 1) step.
@@ -140,7 +140,9 @@ class SPELAdamW(Optimizer):
     first (the caller's job) and then apply the same deterministic update.
 
     After each ``step()``: ``last_orth_error`` = max over Stiefel parameters of ‖AᵀA − I‖_F, and
-    ``last_spel_seconds`` = wall time spent in the SPEL updates (synchronised on CUDA).
+    ``last_spel_seconds`` = the time the SPEL updates took: the host's wall time on a CPU, the device's time between
+    two events on CUDA (slimpar.optim.timing; the step never waits for the device to measure it, reading the number
+    waits for SPEL's last kernel).
     """
 
     def __init__(
@@ -166,7 +168,7 @@ class SPELAdamW(Optimizer):
             batched=False,
         )
         self._last_orth: Tensor | None = None
-        self.last_spel_seconds = 0.0
+        self.last_spel_timer = SpanTimer.start(None)  # the last step's SPEL span (seconds read when asked for)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -185,7 +187,7 @@ class SPELAdamW(Optimizer):
         for group in self.param_groups:
             if group["manifold"] != "stiefel":
                 self._adamw_group(group)
-        self.last_spel_seconds = self._timed_spel(stiefel)
+        self.last_spel_timer = self._timed_spel(stiefel)
         return loss
 
     def _adamw_group(self, group: dict[str, Any]) -> None:
@@ -214,19 +216,15 @@ class SPELAdamW(Optimizer):
             adamw(params, grads, avgs, avg_sqs, [], steps, **kernels, amsgrad=False, beta1=beta1, beta2=beta2,
                   lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
 
-    def _timed_spel(self, groups: list[dict[str, Any]]) -> float:
-        start = time.perf_counter()
-        devices: set[torch.device] = set()
-        for group in groups:
-            stepped = [p for p in group["params"] if p.grad is not None]
-            for batch in _batches(stepped) if group["batched"] else [[p] for p in stepped]:
+    def _timed_spel(self, groups: list[dict[str, Any]]) -> SpanTimer:
+        stepped = [[p for p in group["params"] if p.grad is not None] for group in groups]
+        cuda = next((p.device for ps in stepped for p in ps if p.device.type == "cuda"), None)
+        timer = SpanTimer.start(cuda)
+        for group, params in zip(groups, stepped, strict=True):
+            for batch in _batches(params) if group["batched"] else [[p] for p in params]:
                 self._spel(batch, group)
-            devices.update(p.device for p in stepped)
         self._last_orth = self._orth_error(groups)
-        for device in devices:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        return time.perf_counter() - start
+        return timer.stop()
 
     def _spel(self, params: list[Tensor], group: dict[str, Any]) -> None:
         """SPEL on ``params`` (one of them, or a batch of one shape, device and dtype)."""
@@ -269,6 +267,11 @@ class SPELAdamW(Optimizer):
         """max over the Stiefel parameters stepped last of ‖AᵀA − I‖_F (their fp32 masters where kept); reading
         it waits for the device."""
         return float(self._last_orth) if self._last_orth is not None else 0.0
+
+    @property
+    def last_spel_seconds(self) -> float:
+        """The last step's SPEL time in seconds (on CUDA, reading it waits for SPEL's last kernel)."""
+        return self.last_spel_timer.seconds
 
     @property
     def last_orth_tensor(self) -> Tensor | None:

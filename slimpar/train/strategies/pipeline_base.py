@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from slimpar.optim.spel import SPELAdamW
+from slimpar.optim.timing import SpanTotal
 from slimpar.pipeline import accounting, training
 from slimpar.pipeline.split import StageModule
 from slimpar.pipeline.ssn import effective_state_dict
@@ -46,7 +47,8 @@ class PipelineStrategyBase(Strategy, abc.ABC):
         self.counter = ByteCounter()
         self.optimizer: SPELAdamW | None = None
         self._orth = self._max_orth = None  # ‖AᵀA − I‖ as 0-d device tensors: read only when reported
-        self.spel_seconds = self.step_seconds = 0.0
+        self.step_seconds = 0.0
+        self.spel_time = SpanTotal()  # SPEL's time (on CUDA its device time, between events: optim.timing)
         self._t0 = time.perf_counter()
         self._stats: dict = {}
         self._summary: dict = {}
@@ -114,10 +116,14 @@ class PipelineStrategyBase(Strategy, abc.ABC):
     def after_step(self) -> None:
         self.step_seconds += time.perf_counter() - self._t0
         if self.optimizer is not None:
-            self.spel_seconds += self.optimizer.last_spel_seconds
+            self.spel_time.add(self.optimizer.last_spel_timer)
             self._orth = self.optimizer.last_orth_tensor
             if self._orth is not None:
                 self._max_orth = self._orth if self._max_orth is None else torch.maximum(self._max_orth, self._orth)
+
+    def end_of_step(self, step: int) -> None:
+        super().end_of_step(step)
+        self.spel_time.fold()  # the trainer has waited for the step: reading its SPEL span waits for nothing
 
     @property
     def last_orth(self) -> float:
@@ -154,7 +160,7 @@ class PipelineStrategyBase(Strategy, abc.ABC):
             if s.encoder is not None and s.encoder.codebook is not None:
                 msgs = {k: msgs.get(k, 0) + v for k, v in s.encoder.codebook.messages.items()}
         return {"rows": self.counter.as_rows(), "steps": self.counter.steps, "max_orth": self.max_orth,
-                "spel_s": self.spel_seconds, "step_s": self.step_seconds, "resyncs": self._resyncs(),
+                "spel_s": self.spel_time.seconds, "step_s": self.step_seconds, "resyncs": self._resyncs(),
                 "codebook_messages": msgs}
 
     def _resyncs(self) -> int:
