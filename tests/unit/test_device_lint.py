@@ -75,6 +75,8 @@ FALLBACKS = {  # "file::function": a device read off a possibly empty iterable, 
                                          "guard then makes is on the host, and nothing is mixed",
     "slimpar/sdp/holders.py::_device": "a module without parameters, which SDP never wraps (every worker holds "
                                        "the model's shared parameters)",
+    "slimpar/optim/spel.py::SPELAdamW._timed_spel": "no CUDA parameter stepped: no kernel to time on a device, so "
+                                                    "the span is the host's wall time (optim.timing); nothing is made",
 }
 HOST_BRANCHES = {  # "file::function": a conditional's factory without device= that is host bookkeeping by design
     "slimpar/codecs/anchors.py::FactorizedAnchor.__init__": "the initial table, built on the host with the model, "
