@@ -279,7 +279,8 @@ def report(data: dict) -> str:
 
 def tf32_check(device: str) -> dict:
     """SPEL on a bf16 A and Polar Express with TF32 switched on: both must stay orthogonal to fp32 precision
-    (pinned_fp32), where TF32 matmuls alone would leave about 1e-3."""
+    (pinned_fp32), where TF32 matmuls alone would leave about 1e-3. Also SPEL's step never calling
+    ``torch.cuda.synchronize`` (0 expected), and its median time between CUDA events (optim.timing)."""
     import torch
 
     from slimpar.codecs.stiefel import orth_error, polar_express, random_stiefel
@@ -290,13 +291,21 @@ def tf32_check(device: str) -> dict:
     gen = torch.Generator(dev).manual_seed(0)
     A = torch.nn.Parameter(random_stiefel(1024, 128).to(dev, torch.bfloat16))
     opt = SPELAdamW([{"params": [A], "manifold": "stiefel", "lr": 0.01}])
-    for _ in range(20):
-        A.grad = torch.randn(A.shape, device=dev, generator=gen).to(A.dtype)
-        opt.step()
+    waits, timers = [], []
+    synchronize = torch.cuda.synchronize
+    torch.cuda.synchronize = lambda *a, **k: (waits.append(1), synchronize(*a, **k))  # SPEL's step must not wait
+    try:
+        for _ in range(20):
+            A.grad = torch.randn(A.shape, device=dev, generator=gen).to(A.dtype)
+            opt.step()
+            timers.append(opt.last_spel_timer)
+    finally:
+        torch.cuda.synchronize = synchronize
     X = torch.randn(4096, 256, device=dev, generator=gen)
     raw = (X @ X.mT).double() - X.double() @ X.double().mT  # what TF32 does to an unpinned product
     return {"tf32_on": torch.backends.cuda.matmul.allow_tf32, "spel_master_orth": opt.last_orth_error,
-            "polar_express_orth": orth_error(polar_express(X)), "tf32_product_error": float(raw.abs().max())}
+            "polar_express_orth": orth_error(polar_express(X)), "tf32_product_error": float(raw.abs().max()),
+            "spel_step_synchronizes": len(waits), "spel_ms_median": 1e3 * sorted(t.seconds for t in timers)[10]}
 
 
 def env_and_data(text: str) -> dict:

@@ -98,3 +98,11 @@ def test_a_row_cut_short_keeps_what_it_printed_and_wrote(tmp_path, monkeypatch):
     assert saved["versions"]["torch"] and "nccl" in saved["versions"] and "cuda" in saved["versions"]
     assert "torch " in (tmp_path / "report.md").read_text()
     assert (tmp_path / "runs" / ".gitignore").read_text() == "*\n"  # scratch run folders stay out of git
+
+
+def test_the_tf32_row_runs_and_reports_spels_waits_and_orthogonality():
+    """The row's own function runs on the CPU and reports every number, so a GPU session does not find it broken.
+    On the CPU no step would wait whatever SPEL's timing did; the CUDA half is tests/unit/test_span_timer.py."""
+    out = gpu_check.tf32_check("cpu")
+    assert out["spel_step_synchronizes"] == 0 and out["spel_ms_median"] > 0
+    assert out["spel_master_orth"] <= 1e-5 and out["polar_express_orth"] <= 1e-5
