@@ -114,7 +114,6 @@ class PipelineStrategyBase(Strategy, abc.ABC):
         self.counter.begin_step()
 
     def after_step(self) -> None:
-        self.step_seconds += time.perf_counter() - self._t0
         if self.optimizer is not None:
             self.spel_time.add(self.optimizer.last_spel_timer)
             self._orth = self.optimizer.last_orth_tensor
@@ -123,7 +122,10 @@ class PipelineStrategyBase(Strategy, abc.ABC):
 
     def end_of_step(self, step: int) -> None:
         super().end_of_step(step)
-        self.spel_time.fold()  # the trainer has waited for the step: reading its SPEL span waits for nothing
+        # the trainer has waited for the step's kernels (on CUDA): the step's time is the device's too, as SPEL's
+        # span is, and reading that span waits for nothing
+        self.step_seconds += time.perf_counter() - self._t0
+        self.spel_time.fold()
 
     @property
     def last_orth(self) -> float:
