@@ -5,7 +5,8 @@ written into one little-endian bit stream of exactly ``ceil(n * bits / 8)`` byte
 stream bits [i*bits, (i+1)*bits), its least significant bit first; stream bit j is bit (j % 8) of byte
 j // 8 (bit 0 = least significant). The last byte is zero-padded. Everything is vectorised torch: an
 element's bits are expanded into a (n, bits) 0/1 matrix, flattened, and every run of 8 is summed with
-weights 1, 2, ..., 128. Memory is O(n * bits) bytes of temporaries.
+weights 1, 2, ..., 128. Memory is O(n * bits) bytes of temporaries. For 8 bits (a 256-entry codebook, RVQ's
+default) that stream is the indices as bytes, so packing and unpacking are one cast each way.
 
 Token-id carriers: ``torch.distributed.pipelining`` requires floating-point stage outputs during
 training, so integer ids travel bit-preserved inside a float tensor (a ``view``, never a numeric cast):
@@ -21,6 +22,7 @@ import math
 import torch
 
 MAX_BITS = 32
+BYTE = 8  # indices of 8 bits are the stream's bytes themselves: packing is a cast (no bit expansion)
 UINT16_LIMIT = 1 << 16
 
 
@@ -54,6 +56,8 @@ def pack_indices(idx: torch.Tensor, bits: int, check: bool = True) -> torch.Tens
         raise ValueError(
             f"indices must lie in [0, 2**{bits}); got range [{int(flat.min())}, {int(flat.max())}]"
         )
+    if bits == BYTE:  # the stream's byte i is element i itself (RVQ's 256-entry codebooks): one cast
+        return flat.to(torch.uint8)
     shifts = torch.arange(bits, device=flat.device, dtype=torch.int64)  # (bits,)
     stream = ((flat.unsqueeze(1) >> shifts) & 1).to(torch.uint8).reshape(-1)  # (n*bits,)
     nbytes = packed_nbytes(n, bits)
@@ -75,6 +79,8 @@ def unpack_indices(buf: torch.Tensor, bits: int, shape: tuple[int, ...] | torch.
         raise ValueError(
             f"buffer has {buf.numel()} bytes, {n} indices of {bits} bits need {packed_nbytes(n, bits)}"
         )
+    if bits == BYTE:
+        return buf.to(torch.int64).reshape(shape)
     byte_shifts = torch.arange(8, device=buf.device, dtype=torch.int32)  # (8,)
     stream = ((buf.to(torch.int32).unsqueeze(1) >> byte_shifts) & 1).reshape(-1)[: n * bits]  # (n*bits,)
     weights = 1 << torch.arange(bits, device=buf.device, dtype=torch.int64)  # (bits,)

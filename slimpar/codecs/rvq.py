@@ -70,12 +70,22 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def seeded_rows(n: int, k: int, key: int, device: torch.device | str | None = None) -> torch.Tensor:
+def hashed_positions(size: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """_hash32(0, 1, ..., size − 1) (size,) int64: the key-free half of :func:`seeded_rows`, the same for every
+    draw of that many rows, so a caller drawing every step keeps it."""
+    return _hash32(torch.arange(size, device=device, dtype=torch.int64))
+
+
+def seeded_rows(n: int, k: int, key: int, device: torch.device | str | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
     """k indices into range(n), a pure function of (n, k, key), computed on ``device``: for n >= k the first
     k of the permutation that sorts hashed positions (distinct rows), else k hashed draws with repetition.
-    The same on every device (integer arithmetic), with no ``torch.Generator``."""
-    i = torch.arange(max(n, k, 1), device=device, dtype=torch.int64)  # (max(n, k),)
-    h = _hash32((_hash32(i) + (key & _MASK32)) & _MASK32)
+    The same on every device (integer arithmetic), with no ``torch.Generator``. ``positions``: a kept
+    :func:`hashed_positions` of exactly max(n, k, 1) rows on ``device`` (else they are computed here)."""
+    size = max(n, k, 1)
+    if positions is None or positions.shape != (size,):
+        positions = hashed_positions(size, device)
+    h = _hash32((positions + (key & _MASK32)) & _MASK32)
     if n >= k:
         return torch.argsort(h[:n], stable=True)[:k]
     return torch.remainder(h[:k], max(n, 1))
@@ -167,6 +177,7 @@ class ResidualVQ(nn.Module):
         self.steps = 0  # training forwards seen; seeds the generators
         self.initialized = False
         self.pending_forwards = 0  # training forwards whose statistics wait in the pending buffers
+        self._hashed: torch.Tensor | None = None  # hashed_positions of the last candidate draw (_positions)
 
     # -- public API -------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, windows: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -305,7 +316,16 @@ class ResidualVQ(nn.Module):
             return
         last = residual[residual.shape[0] - n:] if windows > 1 else residual  # (n, D): the last forward's rows
         key = self._key(_POOL_PURPOSE + q, ahead=windows - 1)
-        self.pending_pool[q].copy_(last[seeded_rows(n, k, key, residual.device)])
+        rows = seeded_rows(n, k, key, residual.device, self._positions(max(n, k, 1), residual.device))
+        self.pending_pool[q].copy_(last[rows])
+
+    def _positions(self, size: int, device: torch.device) -> torch.Tensor:
+        """:func:`hashed_positions` of ``size`` rows, kept between forwards (a forward's row count rarely changes):
+        eleven launches a level and a forward fewer. Plain state, not a buffer: derived, never saved."""
+        kept = self._hashed
+        if kept is None or kept.shape != (size,) or kept.device != device:
+            kept = self._hashed = hashed_positions(size, device)
+        return kept
 
     def _ema_level(self, q: int, n: int) -> torch.Tensor:
         """EMA step of level q over a window of n forwards, then dead-code replacement; (K,) changed."""

@@ -88,3 +88,18 @@ def test_ids_float32_carrier_round_trip():
     assert torch.equal(float32_to_ids(carrier.clone()), ids)
     with pytest.raises(ValueError):
         ids_to_float32(torch.tensor([2**31]))
+
+
+def test_eight_bit_indices_pack_with_one_cast_each_way():
+    """RVQ's default 256-entry codebooks give 8-bit indices, the stream's bytes themselves: packing them is one cast
+    (and a flattening view), not the bit expansion of other widths, with the same bytes as the reference."""
+    from slimpar.parallel.syncs import SyncCounter
+
+    idx = torch.randint(0, 256, (4, 16, 2), generator=torch.Generator().manual_seed(3))
+    with SyncCounter() as packing:
+        buf = pack_indices(idx, 8, check=False)
+    with SyncCounter() as unpacking:
+        back = unpack_indices(buf, 8, idx.shape)
+    assert bytes(buf.tolist()) == reference_pack(idx.reshape(-1).tolist(), 8)
+    assert torch.equal(back, idx)
+    assert packing.count.ops <= 2 and unpacking.count.ops <= 2, (packing.count.ops, unpacking.count.ops)

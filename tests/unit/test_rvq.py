@@ -210,3 +210,25 @@ def test_a_compiled_forward_has_no_graph_break():
     x = torch.randn(4, 32, 8, generator=torch.Generator().manual_seed(0))
     breaks = [dynamo.explain(rvq)(x).graph_break_count for _ in range(4)]  # init, collect, update, collect
     assert breaks == [0, 0, 0, 0] and rvq.version >= 2
+
+
+@pytest.mark.parametrize(("n", "k", "key"), [(512, 256, 7), (300, 256, 2**40 + 3), (5, 16, 1), (1, 1, 0)])
+def test_kept_hashed_positions_draw_the_same_rows(n, k, key):
+    """The dead-code candidates drawn with kept hashed positions are the rows drawn from scratch, bit for bit."""
+    from slimpar.codecs.rvq import hashed_positions, seeded_rows
+
+    kept = hashed_positions(max(n, k, 1))
+    assert torch.equal(seeded_rows(n, k, key, positions=kept), seeded_rows(n, k, key))
+    assert torch.equal(seeded_rows(n, k, key, positions=kept[:-1]), seeded_rows(n, k, key))  # wrong size: rebuilt
+
+
+def test_training_forwards_keep_the_hashed_positions():
+    """Successive training forwards of one size hash the positions once; a new size hashes them again."""
+    vq = ResidualVQ(dim=8, levels=2, codebook_size=16)
+    g = torch.Generator().manual_seed(0)
+    vq(torch.randn(64, 8, generator=g))
+    first = vq._hashed
+    vq(torch.randn(64, 8, generator=g))
+    assert vq._hashed is first and first.shape == (64,)
+    vq(torch.randn(32, 8, generator=g))
+    assert vq._hashed.shape == (32,)
