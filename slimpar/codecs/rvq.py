@@ -87,7 +87,7 @@ def seeded_rows(n: int, k: int, key: int, device: torch.device | str | None = No
         positions = hashed_positions(size, device)
     h = _hash32((positions + (key & _MASK32)) & _MASK32)
     if n >= k:
-        return torch.argsort(h[:n], stable=True)[:k]
+        return torch.argsort(h if size == n else h[:n], stable=True)[:k]
     return torch.remainder(h[:k], max(n, 1))
 
 
@@ -110,11 +110,14 @@ def decode_indices(codebooks: torch.Tensor, indices: torch.Tensor) -> torch.Tens
     return out.reshape(*indices.shape[:-1], dim)
 
 
-def code_counts(assign: torch.Tensor, k: int) -> torch.Tensor:
+def code_counts(assign: torch.Tensor, k: int, into: torch.Tensor | None = None) -> torch.Tensor:
     """How many rows chose each of k codes, float32 (k,): ``bincount`` with a shape known before the data
-    (bincount's output length depends on the largest index; counts are exact integers up to 2**24)."""
+    (bincount's output length depends on the largest index; counts are exact integers up to 2**24). ``into``:
+    float32 counts (k,) to add them to in place (returned), instead of a new zero tensor."""
     ones = torch.ones(assign.shape, dtype=torch.float32, device=assign.device)
-    return torch.zeros(k, dtype=torch.float32, device=assign.device).index_add_(0, assign, ones)
+    if into is None:
+        into = torch.zeros(k, dtype=torch.float32, device=assign.device)
+    return into.index_add_(0, assign, ones)
 
 
 def kmeans(x: torch.Tensor, k: int, iters: int, key: int) -> tuple[torch.Tensor, ...]:
@@ -309,7 +312,7 @@ class ResidualVQ(nn.Module):
         if not self.pending_forwards:  # the first forward of a window
             self.pending_counts[q].zero_()
             self.pending_sums[q].zero_()
-        self.pending_counts[q].add_(code_counts(assign, k))
+        code_counts(assign, k, into=self.pending_counts[q])  # exact integers: the same sum as adding a count
         self.pending_sums[q].index_add_(0, assign, residual)
         n = residual.shape[0] // windows
         if n == 0:
