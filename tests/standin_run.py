@@ -93,7 +93,9 @@ def config(mode: str):
 
 def run_on_standin(cfg, rank: int, out: Path, steps: int = 2) -> dict:
     """Rank ``rank`` of ``cfg.parallel.workers`` (module docstring); returns the names of what evaluation gave
-    (``eval``) and, for a pipeline, the device of the clip norm in each clip mode (``clip``)."""
+    (``eval``), the last step's blocking copies from the host by call site (``copies_from_host``) and, for a
+    pipeline, the device of the clip norm in each clip mode (``clip``)."""
+    from slimpar.parallel.syncs import SyncCounter
     from slimpar.train.memory.predict_pipeline import value_stand_ins
 
     with standin_accelerator(rank, cfg.parallel.workers) as device:
@@ -101,14 +103,18 @@ def run_on_standin(cfg, rank: int, out: Path, steps: int = 2) -> dict:
         s = run.strategy
         with value_stand_ins(cfg, run.data.vocab_size):  # a pipeline's value-dependent sizes
             for step in range(steps):
-                loss, _ = run.run(step)
+                with SyncCounter() as counter:
+                    loss, _ = run.run(step)
                 s.end_of_step(step)
                 s.reduce_loss(loss)
             clip = _clip_every_mode(s, cfg.train.grad_clip)
             results = s.evaluate(run.data, cfg)
             s.full_state_dict()
             _checkpoint_state(s, run.optimizer)
-    return {"eval": sorted(results), **({"clip": clip} if clip else {})}
+    # a copy from the host that is not non_blocking waits for the device's queue (slimpar.parallel.syncs): on a
+    # CPU run it is no copy at all, so only this device shows it
+    copies = {k: v for k, v in counter.count.syncs.items() if k.startswith("copy from host")}
+    return {"eval": sorted(results), "copies_from_host": copies, **({"clip": clip} if clip else {})}
 
 
 def _clip_every_mode(strategy, max_norm: float) -> dict[str, str]:

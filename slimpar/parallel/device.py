@@ -18,10 +18,13 @@ import torch.distributed as dist
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on ``device``: for a GPU through pinned memory and without waiting (a copy from pageable
-    memory makes the host wait for the device's queue); elsewhere as it is or a plain copy."""
-    if device.type != "cuda" or t.device.type != "cpu":
+    """A host tensor on ``device`` without making the host wait for the device's queue (a blocking copy from the
+    host synchronises the stream after it): for a GPU through pinned memory, for another accelerator as a
+    non-blocking copy; a tensor already off the host, or bound for it, as ``Tensor.to`` moves it."""
+    if t.device.type != "cpu" or device.type == "cpu":
         return t.to(device)
+    if device.type != "cuda":
+        return t.to(device, non_blocking=True)
     return t.pin_memory().to(device, non_blocking=True)
 
 

@@ -3,14 +3,18 @@
 On a GPU the host queues kernels and runs ahead; it stops and waits wherever it needs a value the device has not
 produced yet: ``tensor.item()`` / ``float(t)`` / ``bool(t)`` (aten ``_local_scalar_dense``), ops whose output size
 depends on the data (``nonzero``, boolean indexing, ``masked_select``, ``unique``, ``bincount``,
-``repeat_interleave`` without ``output_size``), ``torch.equal``, a copy to the host, ``tolist()`` and ``numpy()``.
+``repeat_interleave`` without ``output_size``), ``torch.equal``, a copy to the host, a copy from the host that is not
+``non_blocking`` (torch synchronises the stream after it: ``torch.tensor(data, device=...)`` and ``t.to(device)`` of
+a host tensor are such copies), ``tolist()`` and ``numpy()``.
 Each such point drains the queue, so every one per step costs a bubble. The same points are there on a CPU run,
 where they cost nothing: :class:`SyncCounter` counts them on the CPU, so a test can hold a step to a budget
 without a GPU (the device-side sync of a step's timing, ``torch.cuda.synchronize``, is not an aten op).
 
 Every aten op is one kernel launch or more on a GPU; ``ops`` counts them too.
 
-On a CPU run the host's own tensors and the device's are the same kind, so code that works on data which lives
+A copy between the host and a device shows only where the device is not the CPU (the tests' stand-in
+accelerator, tests/standin_device.py); on a CPU run both ends are the host. On a CPU run the host's own tensors and
+the device's are the same kind, so code that works on data which lives
 on the host in a GPU run too (a batch's token ids before they are copied) says so with :func:`host_only`, and
 what it does there is not counted.
 """
@@ -56,11 +60,23 @@ def waits_for_device(func, args, kwargs) -> str | None:
         masks = [t for t in tree_leaves(args[1]) if isinstance(t, torch.Tensor) and t.dtype in _MASKS]
         return f"{name} (boolean mask)" if masks else None
     if name in ("_to_copy", "copy_"):
-        src = args[1] if name == "copy_" else args[0]
-        dst_device = args[0].device if name == "copy_" else kwargs.get("device")
-        if isinstance(src, torch.Tensor) and src.device.type != "cpu" and dst_device is not None \
-                and torch.device(dst_device).type == "cpu":
-            return "copy to host"
+        return _copy_wait(name, args, kwargs)
+    return None
+
+
+def _copy_wait(name: str, args, kwargs) -> str | None:
+    """A copy between the host and a device waits for the device's queue: to the host always; from the host unless
+    ``non_blocking`` (torch then copies and synchronises the stream, the same wait)."""
+    src = args[1] if name == "copy_" else args[0]
+    dst = args[0].device if name == "copy_" else kwargs.get("device")
+    if not isinstance(src, torch.Tensor) or dst is None:
+        return None
+    to_host, from_host = torch.device(dst).type == "cpu", src.device.type == "cpu"
+    if to_host and not from_host:
+        return "copy to host"
+    blocking = not (args[2] if name == "copy_" and len(args) > 2 else kwargs.get("non_blocking", False))
+    if from_host and not to_host and blocking:
+        return "copy from host"
     return None
 
 

@@ -39,6 +39,7 @@ from slimpar.codecs.codebook_sync import (
 from slimpar.codecs.packing import bits_for, ids_to_payload, pack_indices, packed_nbytes, payload_to_ids, unpack_indices
 from slimpar.codecs.projector import StiefelProjector
 from slimpar.codecs.rvq import ResidualVQ
+from slimpar.parallel.device import to_device
 from slimpar.pipeline.spec import WHOLE_BATCH, CodecSpec, StageContext
 from slimpar.pipeline.wire import Message, Packet, WireSpec, split_batch, split_packets
 
@@ -169,7 +170,7 @@ class BoundaryEncoder(_Half):
                 sync = self.codebook.message(self.messages)
                 self.messages += 1
                 header, *tail = sync.to_tensors()
-                msg.fixed.append(Packet("codebook", header.to(c.device)))
+                msg.fixed.append(Packet("codebook", to_device(header, c.device)))  # made on the host: no wait
                 msg.extra = [Packet("codebook", t) for t in tail]
             if self.spec.rvq.commitment > 0 and torch.is_grad_enabled():
                 q = inject_loss(q, commit)
