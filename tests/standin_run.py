@@ -93,8 +93,8 @@ def config(mode: str):
 
 def run_on_standin(cfg, rank: int, out: Path, steps: int = 2) -> dict:
     """Rank ``rank`` of ``cfg.parallel.workers`` (module docstring); returns the names of what evaluation gave
-    (``eval``), the last step's blocking copies from the host by call site (``copies_from_host``) and, for a
-    pipeline, the device of the clip norm in each clip mode (``clip``)."""
+    (``eval``), the last step's copies between the host and the device that wait for it, by kind and call site
+    (``copies``), and, for a pipeline, the device of the clip norm in each clip mode (``clip``)."""
     from slimpar.parallel.syncs import SyncCounter
     from slimpar.train.memory.predict_pipeline import value_stand_ins
 
@@ -111,10 +111,10 @@ def run_on_standin(cfg, rank: int, out: Path, steps: int = 2) -> dict:
             results = s.evaluate(run.data, cfg)
             s.full_state_dict()
             _checkpoint_state(s, run.optimizer)
-    # a copy from the host that is not non_blocking waits for the device's queue (slimpar.parallel.syncs): on a
-    # CPU run it is no copy at all, so only this device shows it
-    copies = {k: v for k, v in counter.count.syncs.items() if k.startswith("copy from host")}
-    return {"eval": sorted(results), "copies_from_host": copies, **({"clip": clip} if clip else {})}
+    # a copy to the host, or from it without non_blocking, waits for the device's queue (slimpar.parallel.syncs): on
+    # a CPU run it is no copy at all, so only this device shows it
+    copies = {k: v for k, v in counter.count.syncs.items() if k.startswith(("copy from host", "copy to host"))}
+    return {"eval": sorted(results), "copies": copies, **({"clip": clip} if clip else {})}
 
 
 def _clip_every_mode(strategy, max_norm: float) -> dict[str, str]:
