@@ -15,10 +15,12 @@ import torch
 
 
 class SpanTimer:
-    """``start`` where the span begins, :meth:`stop` where it ends, :attr:`seconds` when the number is needed.
+    """``SpanTimer.start(device)`` where the span begins, :meth:`stop` where it ends, :attr:`seconds` when the number
+    is needed.
 
     ``device``: where the span's kernels run. For CUDA, reading :attr:`seconds` waits for the end event alone (no
-    wait at all once the device has passed it); everywhere else it is the host's wall time and never waits.
+    wait at all once the device has passed it); everywhere else (or with no device) it is the host's wall time and
+    never waits.
     """
 
     def __init__(self, events: tuple | None, t0: float) -> None:

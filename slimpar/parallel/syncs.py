@@ -13,10 +13,10 @@ without a GPU (the device-side sync of a step's timing, ``torch.cuda.synchronize
 Every aten op is one kernel launch or more on a GPU; ``ops`` counts them too.
 
 A copy between the host and a device shows only where the device is not the CPU (the tests' stand-in
-accelerator, tests/standin_device.py); on a CPU run both ends are the host. On a CPU run the host's own tensors and
-the device's are the same kind, so code that works on data which lives
-on the host in a GPU run too (a batch's token ids before they are copied) says so with :func:`host_only`, and
-what it does there is not counted.
+accelerator, tests/standin_device.py); on a CPU run both ends are the host. Likewise on a CPU run the host's own
+tensors and the device's are the same kind, so code that works on data which lives on the host in a GPU run too
+(a batch's token ids before they are copied) says so with :func:`host_only`, and what it does there is not
+counted.
 """
 
 from __future__ import annotations
