@@ -21,7 +21,10 @@ report.md are rewritten after every row, so a run cut short (the device check's 
 rows. Step time is the median over the steps after the warm-up (compilation happens there): on a GPU each plain step
 ends with ``torch.cuda.synchronize``, and the trainer synchronizes each step itself (its metrics.jsonl). The
 trainer's instrumented step (``log.measure_step``, the third) falls inside the warm-up. ``ratio`` is a row's step
-time over the plain compiled loop's. Aten ops per step: a plain step after the warm-up under ``SyncCounter``; a
+time over the plain compiled loop's. Without ``--quick`` every row runs in 3 rounds, one round after another and the
+rows' order rotated by one each round (benchmarks/timing.py's way): on a shared CPU, runs minutes apart differ by
+tens of percent, so a row's ratio is taken to the plain compiled loop of its own round, and reported as the median
+[min–max] over the rounds, its step time as the median. ``--quick`` (the device check) runs one round. Aten ops per step: a plain step after the warm-up under ``SyncCounter``; a
 trainer row's instrumented step (summary.json's ``per_rank[0].aten_ops``). Both run eager, compiled rows included
 (dynamo steps aside under a dispatch mode), so they count the eager step's ops, not a compiled step's kernels.
 MFU: ``slimpar.parallel.flops``.
@@ -43,6 +46,7 @@ from benchmarks.boundary import boundary_row
 from benchmarks.in_process import time_steps
 from benchmarks.report import COMPRESSION_NOTE, fmt, markdown_table, metadata, write_json
 from benchmarks.runner import Row, run_row
+from benchmarks.timing import ratio_cell, summarize
 from slimpar.config import ConfigError
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.compile import apply_compile
@@ -59,11 +63,13 @@ class Shape:
     vocab: int
     warmup: int
     steps: int  # measured steps after the warm-up
+    rounds: int = 1  # every row this many times, rows interleaved (module docstring)
 
     @classmethod
     def of(cls, size: str, quick: bool) -> Shape:
+        """``quick`` (the device check's speed part): 8 steps, one round; else 20 steps in each of 3 rounds."""
         batch, seq, vocab = BATCHES.get(size, (16, 1024, 32000))
-        return cls(size, batch, seq, vocab, warmup=3, steps=8 if quick else 20)
+        return cls(size, batch, seq, vocab, warmup=3, steps=8 if quick else 20, rounds=1 if quick else 3)
 
 
 # (batch, sequence, vocabulary) where not 16 x 1,024 x 32k; 1B at the 2,048 its preset is made for (16k tokens too)
@@ -136,41 +142,61 @@ def train_row(name: str, shape: Shape, device: str, corpus: Path, backend: str, 
             "peak_mem_bytes": s.get("cuda_max_allocated_bytes") or s.get("peak_mem_bytes")}
 
 
-def finish(rows: dict[str, dict], shape: Shape, device: torch.device) -> list[dict]:
-    """Tokens/s, MFU and the ratio to the plain compiled loop for every row (None for a row that failed)."""
+def finish(rounds: list[dict[str, dict]], names: list[str], shape: Shape, device: torch.device) -> list[dict]:
+    """Every row measured so far, in ``names``' order, over its rounds (``rounds[k][name]``): the median step time and
+    its tokens/s and MFU, the median and range of its ratio to the plain compiled loop of the same round, and the
+    rest (ops, memory, syncs) of its first round; an error in any round makes the row that error."""
     per_token = llama_flops_per_token(LlamaConfig.named(shape.size, vocab_size=shape.vocab, tie_embeddings=False),
                                       shape.seq)
     peak = peak_bf16(torch.cuda.get_device_name(device) if device.type == "cuda" else None)
-    base = rows.get("plain compiled", {}).get("step_time_s")
     out = []
-    for name, r in rows.items():
-        if "error" in r:
-            out.append({"row": name, **r, "step_time_s": None, "tokens_per_s": None, "mfu": None,
+    for name in names:
+        runs = [(rnd[name], rnd.get("plain compiled", {}).get("step_time_s")) for rnd in rounds if name in rnd]
+        if not runs:
+            continue
+        failed = next((r for r, _ in runs if "error" in r), None)
+        if failed is not None:
+            out.append({"row": name, **failed, "step_time_s": None, "tokens_per_s": None, "mfu": None,
                         "ratio_to_plain_compiled": None, "peak_mem_bytes": None, "aten_ops": None})
             continue
-        tps = shape.batch * shape.seq / r["step_time_s"]
-        out.append({"row": name, **r, "tokens_per_s": tps,
-                    "mfu": None if name in BOUNDARY_ROWS else mfu(tps, per_token, peak),
-                    "ratio_to_plain_compiled": r["step_time_s"] / base if base else None})
+        times = [r["step_time_s"] for r, _ in runs]
+        ratio = summarize([r["step_time_s"] / base for r, base in runs if base], "ratio")
+        step = statistics.median(times)
+        tps = shape.batch * shape.seq / step
+        line = {"row": name, **runs[0][0], "step_time_s": step, "step_time_rounds": times, **ratio,
+                "tokens_per_s": tps, "mfu": None if name in BOUNDARY_ROWS else mfu(tps, per_token, peak),
+                "ratio_to_plain_compiled": ratio["ratio_median"]}
+        if name in BOUNDARY_ROWS:
+            line["spel_time_s"] = statistics.median(r["spel_time_s"] for r, _ in runs)
+        out.append(line)
     return out
 
 
 def report_markdown(lines: list[dict], meta: dict) -> str:
     cells = [[ln["row"], f"failed: {_cell(ln['error'])}", "–", "–", "–", "–", "–"] if "error" in ln else
              [ln["row"], fmt(ln["step_time_s"], 4), f"{ln['tokens_per_s']:,.0f}",
-              fmt(ln["mfu"], 3) if ln["mfu"] is not None else "–", fmt(ln["ratio_to_plain_compiled"], 2),
+              fmt(ln["mfu"], 3) if ln["mfu"] is not None else "–", ratio_cell(ln),
               _mib(ln["peak_mem_bytes"]), str(ln["aten_ops"] if ln["aten_ops"] is not None else "–")] for ln in lines]
-    table = markdown_table(["row", "step (s, median)", "tokens/s", "MFU", "step / plain compiled",
-                            "peak memory (MiB)", "aten ops / step"], cells)
     s = meta["shape"]
+    rounds = s.get("rounds", 1)
+    table = markdown_table(["row", "step (s, median)", "tokens/s", "MFU", "step / plain compiled" + (
+        ", median [range] over rounds" if rounds > 1 else ""), "peak memory (MiB)", "aten ops / step"], cells)
     return (f"# slimpar bench throughput\n\nMeasured {meta['date']} on {meta['device_name']}, commit "
             f"`{meta['git_commit']}`, torch {meta['versions']['torch']}; LLaMA {s['size']} (untied), batch "
             f"{s['batch']} x {s['seq']}, vocabulary {s['vocab']}, {meta['dtype']}, compile backend "
-            f"{meta['backend']}; median of {s['steps']} steps after {s['warmup']} of warm-up. MFU: "
+            f"{meta['backend']}; median of {s['steps']} steps after {s['warmup']} of warm-up"
+            f"{_rounds_note(rounds)}. MFU: "
             f"{meta['mfu_note']}. Load (1 min) at start and end: {meta['load_1m'][0]:.1f}, {meta['load_1m'][1]:.1f} "
             f"on {meta['cpus']} CPUs. Peak memory: CUDA's allocator on a GPU; on a CPU the trainer's exact accounting "
             f"(none for the plain loop). Aten ops: one step counted eagerly, compiled rows too (dynamo steps aside "
             f"under the counter's dispatch mode).\n\n{COMPRESSION_NOTE}\n\n{table}\n{_boundary_note(lines)}")
+
+
+def _rounds_note(rounds: int) -> str:
+    if rounds == 1:
+        return ""
+    return (f", in each of {rounds} rounds (every row once a round, the rows' order rotated by one each round); a "
+            "row's step is its median over the rounds, its ratio to the plain compiled loop is taken within a round")
 
 
 def _boundary_note(lines: list[dict]) -> str:
@@ -250,12 +276,16 @@ def bench_throughput(out: Path, size: str = "tiny", device: str = "cpu", quick: 
                      "dtype": "bf16 autocast" if device == "cuda" else "fp32",
                      "device_name": torch.cuda.get_device_name(dev) if device == "cuda" else "CPU",
                      "mfu_note": peak_bf16(torch.cuda.get_device_name(dev) if device == "cuda" else None).reason})
-    measured: dict[str, dict] = {}
-    for name in names:
-        print(f"[throughput] {name} ...", flush=True)
-        measured[name] = measure(name, shape, device, text, backend, out)
-        data = {"meta": {**meta, "load_1m": [*load, os.getloadavg()[0]]}, "lines": finish(measured, shape, dev)}
-        write_json(out / "results.json", data)
-        (out / "report.md").write_text(report_markdown(data["lines"], data["meta"]))
+    rounds: list[dict[str, dict]] = []
+    for k in range(shape.rounds):
+        rounds.append({})
+        for name in names[k % len(names):] + names[:k % len(names)]:  # each round's order rotated by one more
+            print(f"[throughput] {name}" + (f" (round {k + 1} of {shape.rounds})" if shape.rounds > 1 else "")
+                  + " ...", flush=True)
+            rounds[k][name] = measure(name, shape, device, text, backend, out if k == 0 else out / f"round{k + 1}")
+            data = {"meta": {**meta, "load_1m": [*load, os.getloadavg()[0]]},
+                    "lines": finish(rounds, names, shape, dev)}
+            write_json(out / "results.json", data)
+            (out / "report.md").write_text(report_markdown(data["lines"], data["meta"]))
     print(json.dumps({ln["row"]: ln["step_time_s"] and round(ln["step_time_s"], 4) for ln in data["lines"]}))
     return data

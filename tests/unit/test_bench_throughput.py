@@ -98,3 +98,48 @@ def test_the_cuda_graphs_loop_opens_each_step(monkeypatch):
     shape = Shape("tiny", 2, 16, 64, warmup=1, steps=2)
     r = plain_row(shape, torch.device("cpu"), "eager", "reduce-overhead")
     assert r["step_time_s"] > 0 and len(marks) == 1 + 2 + 1  # warm-up, measured steps, the counted step
+
+
+def test_rounds_interleave_the_rows_and_take_each_ratio_within_a_round(tmp_path, monkeypatch):
+    """Without --quick every row runs in 3 rounds, the order rotated by one each round; a row's step is its median
+    over the rounds and its ratio the median [min-max] of its ratios to the plain compiled loop of the same round
+    (a slow round moves both, and the ratio less); numbers by hand below."""
+    times = {"plain compiled": [1.0, 2.0, 1.0], "train eager": [1.5, 2.0, 1.2], "MAPL boundary step": [0.1, 0.2, 0.3]}
+    order = []
+
+    def measure(name, shape, device, text, backend, out):
+        k = sum(1 for n in order if n == name)
+        order.append(name)
+        row = {"step_time_s": times[name][k], "aten_ops": 7, "host_syncs": 0, "peak_mem_bytes": None}
+        return {**row, "spel_time_s": 0.01 * (k + 1), "dim": 64, "rank": 16} if name in BOUNDARY_ROWS else row
+
+    monkeypatch.setattr(throughput, "measure", measure)
+    data = bench_throughput(tmp_path, "tiny", "cpu", quick=False, rows=("plain compiled", "boundary", "train eager"))
+    assert order == ["plain compiled", "MAPL boundary step", "train eager",
+                     "MAPL boundary step", "train eager", "plain compiled",
+                     "train eager", "plain compiled", "MAPL boundary step"]
+    lines = {ln["row"]: ln for ln in data["lines"]}
+    train = lines["train eager"]
+    assert train["step_time_s"] == 1.5 and train["step_time_rounds"] == [1.5, 2.0, 1.2]
+    assert (train["ratio_median"], train["ratio_min"], train["ratio_max"]) == (1.2, 1.0, 1.5)  # 1.5, 1.0, 1.2
+    assert train["ratio_to_plain_compiled"] == 1.2 and lines["plain compiled"]["ratio_max"] == 1.0
+    assert lines["MAPL boundary step"]["spel_time_s"] == 0.02
+    report = (tmp_path / "report.md").read_text()
+    assert "| train eager | 1.5000 |" in report and "| 1.20 [1.00–1.50] |" in report
+    assert "in each of 3 rounds" in report
+
+
+def test_a_row_failing_in_any_round_is_that_error(tmp_path, monkeypatch):
+    calls = []
+
+    def measure(name, shape, device, text, backend, out):
+        calls.append(name)
+        if name == "plain eager" and calls.count(name) == 2:
+            return {"error": "RuntimeError: out of memory"}
+        return {"step_time_s": 1.0, "aten_ops": 7, "host_syncs": 0, "peak_mem_bytes": None}
+
+    monkeypatch.setattr(throughput, "measure", measure)
+    lines = {ln["row"]: ln for ln in bench_throughput(tmp_path, "tiny", "cpu", rows=PLAIN)["lines"]}
+    failed = lines["plain eager"]
+    assert failed["error"] == "RuntimeError: out of memory" and failed["step_time_s"] is None
+    assert lines["plain compiled"]["ratio_to_plain_compiled"] == 1.0
