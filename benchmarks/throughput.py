@@ -24,8 +24,9 @@ trainer's instrumented step (``log.measure_step``, the third) falls inside the w
 time over the plain compiled loop's. Without ``--quick`` every row runs in 3 rounds, one round after another and the
 rows' order rotated by one each round (benchmarks/timing.py's way): on a shared CPU, runs minutes apart differ by
 tens of percent, so a row's ratio is taken to the plain compiled loop of its own round, and reported as the median
-[min–max] over the rounds, its step time as the median. ``--quick`` (the device check) runs one round. Aten ops per step: a plain step after the warm-up under ``SyncCounter``; a
-trainer row's instrumented step (summary.json's ``per_rank[0].aten_ops``). Both run eager, compiled rows included
+[min–max] over the rounds, its step time as the median. ``--quick`` (the device check) runs one round. Aten ops per
+step: a plain step after the warm-up under ``SyncCounter``; a trainer row's instrumented step (summary.json's
+``per_rank[0].aten_ops``). Both run eager, compiled rows included
 (dynamo steps aside under a dispatch mode), so they count the eager step's ops, not a compiled step's kernels.
 MFU: ``slimpar.parallel.flops``.
 """

@@ -2,9 +2,10 @@
 
 On the CPU the work runs as it is called, so the span is the host's wall time. On a GPU the host only queues
 kernels: a wall-clock span ends before the kernels run, and waiting for them (``torch.cuda.synchronize``) both
-stalls the host in every step and counts whatever was queued before the span (the backward's tail) as the span's
-own. So on CUDA the span is two timing events recorded on the device's current stream, and the elapsed time is read
-only when asked for, by which time (after the step's own end) the events have long passed.
+stalls the host in every step and counts whatever was still queued before the span (an optimizer's other groups,
+a backward's tail) as the span's own. So on CUDA the span is two timing events recorded on the device's current
+stream, and the elapsed time is read only when asked for, by which time (after the step's own end) the events have
+long passed.
 """
 
 from __future__ import annotations
