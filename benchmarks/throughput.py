@@ -47,7 +47,7 @@ from benchmarks.boundary import boundary_row
 from benchmarks.in_process import time_steps
 from benchmarks.report import COMPRESSION_NOTE, fmt, markdown_table, metadata, write_json
 from benchmarks.runner import Row, run_row
-from benchmarks.timing import ratio_cell, summarize
+from benchmarks.timing import ratio_cell, rotated, summarize
 from slimpar.config import ConfigError
 from slimpar.models.llama import Llama, LlamaConfig
 from slimpar.parallel.compile import apply_compile
@@ -280,7 +280,7 @@ def bench_throughput(out: Path, size: str = "tiny", device: str = "cpu", quick: 
     rounds: list[dict[str, dict]] = []
     for k in range(shape.rounds):
         rounds.append({})
-        for name in names[k % len(names):] + names[:k % len(names)]:  # each round's order rotated by one more
+        for name in rotated(names, k):
             print(f"[throughput] {name}" + (f" (round {k + 1} of {shape.rounds})" if shape.rounds > 1 else "")
                   + " ...", flush=True)
             rounds[k][name] = measure(name, shape, device, text, backend, out if k == 0 else out / f"round{k + 1}")

@@ -27,12 +27,17 @@ def timing_only(steps: int = TIMING_STEPS) -> list[str]:
             "--checkpoint.export", "false", "--checkpoint.final", "false"]
 
 
+def rotated(items: list, k: int) -> list:
+    """``items`` in round ``k``'s order: rotated left by k, so that a slow stretch falls on other rows each round."""
+    shift = k % len(items) if items else 0
+    return items[shift:] + items[:shift]
+
+
 def timing_rows(rows: list[Row], rounds: int) -> list[Row]:
     """``rows`` again for rounds 1..``rounds``, each round's order rotated by one more row."""
     out = []
     for k in range(1, rounds + 1):
-        shift = k % len(rows) if rows else 0
-        for row in rows[shift:] + rows[:shift]:
+        for row in rotated(rows, k):
             extra = timing_only(row.timing_steps or TIMING_STEPS)
             out.append(replace(row, overrides=[*row.overrides, *extra], timing_round=k))
     return out
