@@ -39,6 +39,12 @@ _PE_SAFETY = 1.01
 # 2048×256); inputs with κ = 1e3 need 9–10 steps once r ≥ 64, because the Frobenius normalisation pushes
 # σ_min/‖X‖_F below the table's 1e-3 design floor; 10 steps give ≤ 3.5e-6 up to 1024×256, κ = 1e3.
 DEFAULT_POLAR_STEPS = 10
+# SPEL's direction D = msign(ξ): the 7 tabulated rows alone. They take every singular value of at least 1e-3·‖ξ‖_F to
+# 1 within 1e-5; the 3 cubic rows only lift the smaller ones (1e-4·‖ξ‖_F: 0.33 after 7 steps, 0.99 after 10), the
+# directions where the momentum holds under 1e-6 of its energy each. A step direction needs no more (its length
+# is η whatever its rounding), while a retraction's output must be orthogonal to the fp32 floor, so the
+# retraction's fallback keeps DEFAULT_POLAR_STEPS (docs/methods.md, 'Polar Express').
+DIRECTION_STEPS = len(_PE_TABLE)
 
 BACKENDS = ("polar_express", "eigh")
 

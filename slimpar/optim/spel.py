@@ -30,7 +30,7 @@ from torch.optim.adamw import adamw
 
 from slimpar.codecs.stiefel import (
     BACKENDS,
-    DEFAULT_POLAR_STEPS,
+    DIRECTION_STEPS,
     msign,
     orth_error_tensor,
     pinned_fp32,
@@ -77,7 +77,7 @@ def spel_step(
     lr: float,
     beta: float,
     backend: str = "polar_express",
-    polar_steps: int = DEFAULT_POLAR_STEPS,
+    polar_steps: int = DIRECTION_STEPS,
 ) -> None:
     """One SPEL update of A (d×r, d ≥ r) in place; ``momentum_buf`` (d×r, fp32) is updated in place.
 
@@ -101,12 +101,12 @@ def spel_step(
         fro = torch.linalg.matrix_norm(xi, keepdim=True)  # (1, 1) ‖ξ‖_F: the move test and the normalisation
         moves = fro > TANGENT_RTOL * torch.linalg.matrix_norm(M, keepdim=True)  # (1, 1) bool
         D = msign(xi, backend=backend, steps=polar_steps, fro=fro)  # (d, r), singular values ≈ 1
-        A.copy_(torch.where(moves, retract(A32 - lr * D, lr, backend, polar_steps), A32))
+        A.copy_(torch.where(moves, retract(A32 - lr * D, lr, backend), A32))
 
 
 @torch.no_grad()
 def spel_steps(As: list[Tensor], grads: list[Tensor], momentum_bufs: list[Tensor], lr: float, beta: float,
-               backend: str = "polar_express", polar_steps: int = DEFAULT_POLAR_STEPS) -> None:
+               backend: str = "polar_express", polar_steps: int = DIRECTION_STEPS) -> None:
     """:func:`spel_step` on n parameters of one shape (d, r) as one batch (n, d, r): the same update, with the
     batch's matrix products in single batched kernels (the launches of one A for all n; the values those of
     :func:`spel_step` to rounding, not bit for bit). The ``As`` (fp32) and the momentum buffers change in place.
@@ -120,7 +120,7 @@ def spel_steps(As: list[Tensor], grads: list[Tensor], momentum_bufs: list[Tensor
         fro = torch.linalg.matrix_norm(xi, keepdim=True)  # (n, 1, 1) ‖ξ‖_F: the move test and the normalisation
         moves = fro > TANGENT_RTOL * torch.linalg.matrix_norm(M, keepdim=True)  # (n, 1, 1) bool
         D = msign(xi, backend=backend, steps=polar_steps, fro=fro)  # (n, d, r)
-        new = torch.where(moves, retract(torch.add(A32, D, alpha=-lr), lr, backend, polar_steps), A32)
+        new = torch.where(moves, retract(torch.add(A32, D, alpha=-lr), lr, backend), A32)
         torch._foreach_copy_(As, list(new.unbind(0)))
 
 
@@ -128,7 +128,8 @@ class SPELAdamW(Optimizer):
     """SPEL on parameter groups marked ``{"manifold": "stiefel"}``, AdamW on every other group.
 
     Stiefel groups read ``lr`` (η, spectral step length), ``momentum`` (β), ``backend``
-    ("polar_express" | "eigh"), ``polar_steps`` and ``batched`` (default False: True steps the group's parameters
+    ("polar_express" | "eigh"), ``polar_steps`` (Polar Express steps for D; the retraction takes what η needs,
+    :func:`~slimpar.codecs.stiefel.retract`) and ``batched`` (default False: True steps the group's parameters
     of one shape as one batch, :func:`spel_steps`: a few dozen launches for all of them instead of a few hundred
     each, equal to the one-by-one update to rounding, not bit for bit; so only where every copy of a shared A is
     in the group, as in the virtual pipeline: ranks holding copies in different batches could part by rounding,
@@ -154,7 +155,7 @@ class SPELAdamW(Optimizer):
         weight_decay: float = 1e-2,
         momentum: float = 0.95,
         backend: str = "polar_express",
-        polar_steps: int = DEFAULT_POLAR_STEPS,
+        polar_steps: int = DIRECTION_STEPS,
     ) -> None:
         defaults = dict(
             lr=lr,

@@ -113,32 +113,33 @@ def clip_grad_norm(spec: MaplTrainingSpec, module: nn.Module, params: list[nn.Pa
     """
     clip = spec.clip
     proj = set() if clip == "global" else {id(p) for p in stiefel_parameters(module)}
-    parts = [_sq_norm([p for p in owned if id(p) not in proj], device)]
+    counted = [[p for p in owned if id(p) not in proj]]  # the model's part, then A's own where clipped apart
+    scaled = [[p for p in params if id(p) not in proj]]
     if clip == "separate":
-        parts.append(_sq_norm([p for p in owned if id(p) in proj], device))
-    sq = sum_pipeline(torch.stack(parts))  # one all-reduce of 1 or 2 numbers
-    total = sq[0].sqrt()
-    _scale([p for p in params if id(p) not in proj], max_norm / (total + 1e-6))
-    if clip == "separate":
-        _scale([p for p in params if id(p) in proj], max_norm / (sq[1].sqrt() + 1e-6))
-    return total
+        counted.append([p for p in owned if id(p) in proj])
+        scaled.append([p for p in params if id(p) in proj])
+    norms = sum_pipeline(_sq_norms(counted, device)).sqrt()  # one all-reduce of 1 or 2 numbers
+    coefs = (max_norm / (norms + 1e-6)).clamp(max=1.0)  # min(1, ·): a factor of 1 leaves the bits as they are
+    for part, coef in zip(scaled, coefs.unbind(0), strict=True):
+        grads = [p.grad for p in part if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, coef.to(grads[0].device))
+    return norms[0]
 
 
-def _sq_norm(params: list[nn.Parameter], device: torch.device) -> torch.Tensor:
-    """Σ ‖grad‖² over ``params`` as a float64 scalar on ``device``.
+def _sq_norms(parts: list[list[nn.Parameter]], device: torch.device) -> Tensor:
+    """Σ ‖grad‖² of each part's parameters as float64, one number a part, on ``device``: every gradient's norm in
+    one launch, then each part's sum (a part's sum is the same whatever the other parts hold).
 
-    The zero of an empty part is made on ``device``, not on a device read from ``params``: a part is empty
+    The zeros of empty parts are made on ``device``, not on a device read from ``params``: a part is empty
     whenever a rank holds no projector of its own (codecs without one, MAPL's last stage, whose A is the
-    receiver's copy), and a zero made on the CPU beside device scalars fails ``torch.stack`` on a GPU (issue 46).
+    receiver's copy), and a zero made on the CPU beside device scalars fails ``torch.stack`` on a GPU.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros((), dtype=torch.float64, device=device)
-    return torch.stack(torch._foreach_norm(grads)).double().pow(2).sum()  # one launch for every gradient's norm
-
-
-def _scale(params: list[nn.Parameter], coef: Tensor) -> None:
-    """Multiply the gradients by min(1, ``coef``) on the device (by 1: unchanged, bit for bit)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if grads:
-        torch._foreach_mul_(grads, coef.clamp(max=1.0).to(grads[0].device))
+    grads = [[p.grad for p in part if p.grad is not None] for part in parts]
+    flat = [g for part in grads for g in part]
+    if not flat:
+        return torch.zeros(len(parts), dtype=torch.float64, device=device)
+    sq = torch.stack(torch._foreach_norm(flat)).double().pow(2)  # (all,)
+    if len(parts) == 1:
+        return sq.sum().unsqueeze(0)
+    return torch.stack([s.sum() for s in sq.split([len(part) for part in grads])])
