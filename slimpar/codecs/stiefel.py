@@ -39,11 +39,11 @@ _PE_SAFETY = 1.01
 # 2048×256); inputs with κ = 1e3 need 9–10 steps once r ≥ 64, because the Frobenius normalisation pushes
 # σ_min/‖X‖_F below the table's 1e-3 design floor; 10 steps give ≤ 3.5e-6 up to 1024×256, κ = 1e3.
 DEFAULT_POLAR_STEPS = 10
-# SPEL's direction D = msign(ξ): the 7 tabulated rows alone. They take every singular value of at least 1e-3·‖ξ‖_F to
-# 1 within 1e-5; the 3 cubic rows only lift the smaller ones (1e-4·‖ξ‖_F: 0.33 after 7 steps, 0.99 after 10), the
-# directions where the momentum holds under 1e-6 of its energy each. A step direction needs no more (its length
-# is η whatever its rounding), while a retraction's output must be orthogonal to the fp32 floor, so the
-# retraction's fallback keeps DEFAULT_POLAR_STEPS (docs/methods.md, 'Polar Express').
+# SPEL's direction D = msign(ξ): the 7 tabulated rows alone. They take every singular value of at least 1e-3·‖ξ‖_F
+# to 1 within 1.1e-5 and none above 1 (so ‖D‖₂ ≤ 1, as the retraction's bound assumes); the 3 cubic rows only lift
+# the smaller ones (1e-4·‖ξ‖_F: 0.33 after 7 steps, 0.99 after 10), directions that hold under 1e-6 of the
+# momentum's energy each. A step direction needs no more; a retraction's output must be orthogonal to the fp32
+# floor, so the retraction's fallback keeps DEFAULT_POLAR_STEPS (docs/methods.md, 'Polar Express').
 DIRECTION_STEPS = len(_PE_TABLE)
 
 BACKENDS = ("polar_express", "eigh")
@@ -83,7 +83,8 @@ def polar_express_coefficients(steps: int) -> list[tuple[float, float, float]]:
     return rows[:steps]
 
 
-def polar_express(X: Tensor, steps: int = DEFAULT_POLAR_STEPS, fro: Tensor | None = None) -> Tensor:
+def polar_express(X: Tensor, steps: int = DEFAULT_POLAR_STEPS, fro: Tensor | None = None,
+                  work: PolarWork | None = None) -> Tensor:
     """msign(X) by Polar Express in fp32 (arXiv 2505.16932; docs/methods.md, 'Polar Express').
 
     X ← X / (1.01 ‖X‖_F + 1e-7) puts every singular value in [0, 1/1.01]; then for t = 1..steps,
@@ -92,25 +93,51 @@ def polar_express(X: Tensor, steps: int = DEFAULT_POLAR_STEPS, fro: Tensor | Non
     values in [1e-3, 1]; smaller ones need extra final-row steps; exact zeros stay 0 (p_t is odd).
 
     Accepts (..., m, n) with any m, n; returns float32 of the same shape. ``fro``: ‖X‖_F of each matrix as
-    (..., 1, 1), where the caller has it already (SPEL's move test computes it), else computed here.
+    (..., 1, 1), where the caller has it already (SPEL's move test computes it), else computed here. ``work``: a
+    :class:`PolarWork` of X's shape to iterate in (the result is then one of its buffers).
     """
     if X.ndim < 2:
         raise ValueError(f"polar_express needs a matrix (..., m, n), got shape {tuple(X.shape)}")
     with pinned_fp32(X.device.type):
-        return _polar_iterate(X, polar_express_coefficients(steps), normalise=True, fro=fro)
+        return _polar_iterate(X, polar_express_coefficients(steps), normalise=True, fro=fro, work=work)
+
+
+class PolarWork:
+    """Two fp32 buffers of one shape, (m, n) or (b, m, n), for Polar Express to write its iterate into in turn
+    (``out=``), with their transposed views made once: each step's Gram reads a kept view where it would transpose
+    the new iterate, a dispatcher call a step. Making them takes 4 calls, so they pay from 5 steps on; SPEL iterates
+    D and then its retraction in one. The values are those of the plain iteration, bit for bit."""
+
+    def __init__(self, like: Tensor):
+        work = torch.empty((2, *like.shape), dtype=torch.float32, device=like.device)  # (2, [b,] m, n)
+        self.bufs, self.views = work.unbind(0), work.mT.unbind(0)
+
+    def other(self, t: Tensor | None) -> Tensor:
+        """The buffer that does not hold ``t``."""
+        return self.bufs[1] if t is self.bufs[0] else self.bufs[0]
+
+    def holds(self, t: Tensor) -> bool:
+        return any(t is b for b in self.bufs)
 
 
 def _polar_iterate(X: Tensor, rows: list[tuple[float, float, float]], normalise: bool,
-                   fro: Tensor | None = None) -> Tensor:
+                   fro: Tensor | None = None, work: PolarWork | None = None) -> Tensor:
     """X ← a X + (b S + c S²) X per row (a, b, c), S the Gram of the short side; fp32, any (..., m, n).
 
     A tall X (m > n) is updated as X ← a X + X (b S + c S²) with S = XᵀX, the same polynomial in its singular
-    values, so neither orientation is transposed in and out (two fewer dispatches a call).
+    values, so neither orientation is transposed in and out (two fewer dispatches a call). With ``work`` (X of at
+    most 3 dimensions, held in one of its buffers unless normalised into one here) the iterate moves between its
+    buffers (:func:`_iterate_in`).
     """
     Y = X.to(torch.float32)
+    if work is not None and (Y.ndim > 3 or not (normalise or work.holds(Y))):
+        work = None  # the plain iteration
     if normalise:
         norm = torch.linalg.matrix_norm(Y, ord="fro", keepdim=True) if fro is None else fro  # (..., 1, 1)
-        Y = Y / (norm * _PE_SAFETY + 1e-7)
+        denom = norm * _PE_SAFETY + 1e-7
+        Y = torch.div(Y, denom, out=work.other(Y)) if work is not None else Y / denom
+    if work is not None:
+        return _iterate_in(work, Y, rows)
     mm, add_mm = (torch.mm, torch.addmm) if Y.ndim == 2 else (torch.bmm, torch.baddbmm)  # fused: 3 ops a step
     flat = Y.reshape(-1, *Y.shape[-2:]) if Y.ndim > 3 else Y  # (n, m, k) or (m, k)
     tall = flat.shape[-2] > flat.shape[-1]
@@ -119,6 +146,21 @@ def _polar_iterate(X: Tensor, rows: list[tuple[float, float, float]], normalise:
         B = add_mm(S, S, S, beta=b, alpha=c)  # b S + c S²
         flat = add_mm(flat, flat, B, beta=a) if tall else add_mm(flat, B, flat, beta=a)  # a Y + Y B or a Y + B Y
     return flat.reshape(Y.shape) if Y.ndim > 3 else flat
+
+
+def _iterate_in(work: PolarWork, Y: Tensor, rows: list[tuple[float, float, float]]) -> Tensor:
+    """:func:`_polar_iterate`'s steps on Y, a buffer of ``work``: each step reads one buffer through its kept
+    transposed view and writes the other; returns the buffer holding the result."""
+    i = 0 if Y is work.bufs[0] else 1
+    mm, add_mm = (torch.mm, torch.addmm) if Y.ndim == 2 else (torch.bmm, torch.baddbmm)
+    tall = Y.shape[-2] > Y.shape[-1]
+    for a, b, c in rows:
+        Y, Yt, out = work.bufs[i], work.views[i], work.bufs[1 - i]
+        S = mm(Yt, Y) if tall else mm(Y, Yt)  # the short side's Gram
+        B = add_mm(S, S, S, beta=b, alpha=c)  # b S + c S²
+        add_mm(Y, Y, B, beta=a, out=out) if tall else add_mm(Y, B, Y, beta=a, out=out)
+        i = 1 - i
+    return work.bufs[i]
 
 
 def retraction_steps(eta: float, max_steps: int = DEFAULT_POLAR_STEPS) -> int | None:
@@ -146,20 +188,22 @@ def retraction_steps(eta: float, max_steps: int = DEFAULT_POLAR_STEPS) -> int | 
     return steps
 
 
-def retract(X: Tensor, eta: float, backend: str = "polar_express", steps: int = DEFAULT_POLAR_STEPS) -> Tensor:
+def retract(X: Tensor, eta: float, backend: str = "polar_express", steps: int = DEFAULT_POLAR_STEPS,
+            work: PolarWork | None = None) -> Tensor:
     """msign(X) for X = A − ηD, A on St(d, r) and ‖D‖₂ ≤ 1 (SPEL's retraction; docs/methods.md, 'Polar Express').
 
     ``polar_express``: the final row without normalisation, :func:`retraction_steps` times, where that is
     fewer than ``steps``; else :func:`polar_express` with ``steps``. ``eigh``: :func:`polar_eigh`. The step
-    count depends on η alone, so it is chosen on the host and never waits for the device.
+    count depends on η alone, so it is chosen on the host and never waits for the device. ``work``: a
+    :class:`PolarWork` holding X in one of its buffers, to iterate in.
     """
     if backend != "polar_express":
         return msign(X, backend=backend, steps=steps)
     k = retraction_steps(eta, steps) if isinstance(eta, (int, float)) else None
     if k is None:
-        return polar_express(X, steps=steps)
+        return polar_express(X, steps=steps, work=work)
     with pinned_fp32(X.device.type):
-        return _polar_iterate(X, [_PE_FINAL] * k, normalise=False)
+        return _polar_iterate(X, [_PE_FINAL] * k, normalise=False, work=work)
 
 
 def polar_eigh(X: Tensor) -> Tensor:
@@ -190,14 +234,14 @@ def polar_eigh(X: Tensor) -> Tensor:
 
 
 def msign(X: Tensor, backend: str = "polar_express", steps: int = DEFAULT_POLAR_STEPS,
-          fro: Tensor | None = None) -> Tensor:
+          fro: Tensor | None = None, work: PolarWork | None = None) -> Tensor:
     """Matrix sign / orthogonal polar factor U Vᵀ of X = U Σ Vᵀ with the chosen backend.
 
-    ``backend="polar_express"`` (fp32, ``steps`` iterations; ``fro`` as :func:`polar_express` takes it) or
-    ``"eigh"`` (exact, float64 inside; ``fro`` unused).
+    ``backend="polar_express"`` (fp32, ``steps`` iterations; ``fro`` and ``work`` as :func:`polar_express` takes
+    them) or ``"eigh"`` (exact, float64 inside; ``fro`` and ``work`` unused).
     """
     if backend == "polar_express":
-        return polar_express(X, steps=steps, fro=fro)
+        return polar_express(X, steps=steps, fro=fro, work=work)
     if backend == "eigh":
         return polar_eigh(X)
     raise ValueError(f"unknown msign backend {backend!r}; choose from {', '.join(BACKENDS)}")

@@ -31,6 +31,7 @@ from torch.optim.adamw import adamw
 from slimpar.codecs.stiefel import (
     BACKENDS,
     DIRECTION_STEPS,
+    PolarWork,
     msign,
     orth_error_tensor,
     pinned_fp32,
@@ -100,16 +101,19 @@ def spel_step(
         xi = tangent_project(A32, M)  # (d, r)
         fro = torch.linalg.matrix_norm(xi, keepdim=True)  # (1, 1) ‖ξ‖_F: the move test and the normalisation
         moves = fro > TANGENT_RTOL * torch.linalg.matrix_norm(M, keepdim=True)  # (1, 1) bool
-        D = msign(xi, backend=backend, steps=polar_steps, fro=fro)  # (d, r), singular values ≈ 1
-        A.copy_(torch.where(moves, retract(A32 - lr * D, lr, backend), A32))
+        work = PolarWork(xi) if backend == "polar_express" else None  # D's and the retraction's iterates
+        D = msign(xi, backend=backend, steps=polar_steps, fro=fro, work=work)  # (d, r), singular values ≈ 1
+        X = torch.sub(A32, lr * D, out=work.other(D)) if work is not None else A32 - lr * D
+        A.copy_(torch.where(moves, retract(X, lr, backend, work=work), A32))
 
 
 @torch.no_grad()
 def spel_steps(As: list[Tensor], grads: list[Tensor], momentum_bufs: list[Tensor], lr: float, beta: float,
-               backend: str = "polar_express", polar_steps: int = DIRECTION_STEPS) -> None:
+               backend: str = "polar_express", polar_steps: int = DIRECTION_STEPS) -> Tensor:
     """:func:`spel_step` on n parameters of one shape (d, r) as one batch (n, d, r): the same update, with the
     batch's matrix products in single batched kernels (the launches of one A for all n; the values those of
-    :func:`spel_step` to rounding, not bit for bit). The ``As`` (fp32) and the momentum buffers change in place.
+    :func:`spel_step` to rounding, not bit for bit). The ``As`` (fp32) and the momentum buffers change in place;
+    returns their new values as one (n, d, r) stack.
     """
     with pinned_fp32(As[0].device.type):
         torch._foreach_lerp_(momentum_bufs, [g.to(b.dtype) for g, b in zip(grads, momentum_bufs, strict=True)],
@@ -119,9 +123,12 @@ def spel_steps(As: list[Tensor], grads: list[Tensor], momentum_bufs: list[Tensor
         xi = tangent_project(A32, M)  # (n, d, r)
         fro = torch.linalg.matrix_norm(xi, keepdim=True)  # (n, 1, 1) ‖ξ‖_F: the move test and the normalisation
         moves = fro > TANGENT_RTOL * torch.linalg.matrix_norm(M, keepdim=True)  # (n, 1, 1) bool
-        D = msign(xi, backend=backend, steps=polar_steps, fro=fro)  # (n, d, r)
-        new = torch.where(moves, retract(torch.add(A32, D, alpha=-lr), lr, backend), A32)
+        work = PolarWork(xi) if backend == "polar_express" else None  # D's and the retraction's iterates
+        D = msign(xi, backend=backend, steps=polar_steps, fro=fro, work=work)  # (n, d, r)
+        X = torch.add(A32, D, alpha=-lr, out=work.other(D)) if work is not None else torch.add(A32, D, alpha=-lr)
+        new = torch.where(moves, retract(X, lr, backend, work=work), A32)
         torch._foreach_copy_(As, list(new.unbind(0)))
+    return new
 
 
 class SPELAdamW(Optimizer):
@@ -221,30 +228,32 @@ class SPELAdamW(Optimizer):
         stepped = [[p for p in group["params"] if p.grad is not None] for group in groups]
         cuda = next((p.device for ps in stepped for p in ps if p.device.type == "cuda"), None)
         timer = SpanTimer.start(cuda)
+        stacks: dict[tuple[int, ...], Tensor] = {}  # a batch's new fp32 A's, stacked, by their ids
         for group, params in zip(groups, stepped, strict=True):
             for batch in _batches(params) if group["batched"] else [[p] for p in params]:
-                self._spel(batch, group)
-        self._last_orth = self._orth_error(groups)
+                self._spel(batch, group, stacks)
+        self._last_orth = self._orth_error(groups, stacks)
         return timer.stop()
 
-    def _spel(self, params: list[Tensor], group: dict[str, Any]) -> None:
-        """SPEL on ``params`` (one of them, or a batch of one shape, device and dtype)."""
+    def _spel(self, params: list[Tensor], group: dict[str, Any], stacks: dict[tuple[int, ...], Tensor]) -> None:
+        """SPEL on ``params`` (one of them, or a batch of one shape, device and dtype); a batch's new A's go into
+        ``stacks``."""
         As = [self._fp32_copy(p) for p in params]
         bufs = [self.state[p]["momentum"] for p in params]
         args = (group["lr"], group["momentum"], group["backend"], group["polar_steps"])
         if len(params) == 1:
             spel_step(As[0], params[0].grad, bufs[0], *args)
         else:
-            spel_steps(As, [p.grad for p in params], bufs, *args)
+            stacks[tuple(map(id, As))] = spel_steps(As, [p.grad for p in params], bufs, *args)
         for A, p in zip(As, params, strict=True):
             if A is not p:
                 p.copy_(A)
 
-    def _orth_error(self, groups: list[dict[str, Any]]) -> Tensor | None:
+    def _orth_error(self, groups: list[dict[str, Any]], stacks: dict[tuple[int, ...], Tensor]) -> Tensor | None:
         """max ‖AᵀA − I‖_F over every Stiefel parameter, frozen ones too (a frozen A must stay orthogonal as
-        well), a batch of one shape at a time in batched groups."""
+        well), a batch of one shape at a time in batched groups (from its stack where it was just stepped)."""
         masters = [[self.state[p].get("master", p) for p in g["params"]] for g in groups]
-        errors = [orth_error_tensor(torch.stack(b) if len(b) > 1 else b[0])
+        errors = [orth_error_tensor(_stacked(b, stacks) if len(b) > 1 else b[0])
                   for g, ms in zip(groups, masters, strict=True) for b in (_batches(ms) if g["batched"] else
                                                                             [[m] for m in ms])]
         if len(errors) <= 1:
@@ -278,6 +287,12 @@ class SPELAdamW(Optimizer):
     def last_orth_tensor(self) -> Tensor | None:
         """The same as a 0-d device tensor (None before any SPEL step), without waiting for the device."""
         return self._last_orth
+
+
+def _stacked(batch: list[Tensor], stacks: dict[tuple[int, ...], Tensor]) -> Tensor:
+    """``batch`` as one stack: the one SPEL just made of these tensors' new values, or a new one."""
+    found = stacks.get(tuple(map(id, batch)))
+    return found if found is not None else torch.stack(batch)
 
 
 def _batches(params: list[Tensor]) -> list[list[Tensor]]:

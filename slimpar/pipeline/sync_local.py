@@ -12,6 +12,8 @@ it is alone. Row-sparse parts (symmetric anchor tables, a tied embedding and hea
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -51,10 +53,10 @@ def _exchange_stack(entries: list[tuple[Pair, nn.Parameter, nn.Parameter]], dtyp
     """n dense parameters of one shape, both ends: one (2n, ...) stack, sender's part first in each pair."""
     params = [p for _, p_s, p_r in entries for p in (p_s, p_r)]
     wire = encode_part(torch.stack([grad_or_zeros(p) for p in params]), dtype)  # per tensor (2n, ...)
-    per_end = list(zip(*(t.unbind(0) for t in wire), strict=True))  # 2n tuples of this end's wire tensors
-    ends = [end for pair, _, _ in entries for end in pair]
-    for end, tensors in zip(ends, per_end, strict=True):
-        end.link.count([Packet(category, t) for t in tensors])
+    part_bytes = [math.prod(t.shape[1:]) * t.element_size() for t in wire]  # one end's part of each wire tensor
+    for end in (end for pair, _, _ in entries for end in pair):
+        for nbytes in part_bytes:
+            end.link.count_bytes(category, nbytes)
     decoded = decode_part(wire, dtype)  # (2n, ...)
     sums = (decoded[0::2] + decoded[1::2]).unbind(0)  # sender + receiver, n of them
     doubled = [g for g in sums for _ in range(2)]  # both ends of each pair get the pair's sum

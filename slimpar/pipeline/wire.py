@@ -128,7 +128,11 @@ class Link(abc.ABC):
 
     def count(self, packets: list[Packet]) -> None:
         for p in packets:
-            self.counter.add(self.boundary, self.direction, p.category, p.nbytes())
+            self.count_bytes(p.category, p.nbytes())
+
+    def count_bytes(self, category: str, nbytes: int) -> None:
+        """Count ``nbytes`` sent in ``category`` without a tensor of them (a part of a stacked buffer)."""
+        self.counter.add(self.boundary, self.direction, category, nbytes)
 
     @abc.abstractmethod
     def isend(self, packets: list[Packet], tag: int) -> list:

@@ -142,3 +142,44 @@ def test_table_gradient_is_the_same_bits_every_run(kind):
     finally:
         torch.set_num_threads(threads)
     assert len(sums) == 1
+
+
+@pytest.mark.parametrize("which", ["down", "lift"])
+def test_changing_A_between_forward_and_backward_fails(which):
+    """A is held for backward without autograd's saved-tensor machinery (codecs/fused.py, ``_keep``), so the check
+    that machinery makes is made by hand: an in-place change of A between the forward and its backward fails."""
+    x, c, A, E, P, ids = _inputs()
+    out = stiefel_down(x, A) if which == "down" else stiefel_lift(c, A, E, P, ids)
+    with torch.no_grad():
+        A.mul_(1.0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        out.sum().backward()
+
+
+def test_kept_views_follow_A_P_and_the_ids():
+    """The transposes of A and P and the flattened ids are made once and kept; they must show every later value:
+    after A changes in place (an optimizer step), after A.data is replaced, and after the ids change in place."""
+    x, c, A, E, P, ids = _inputs()
+    for step in range(3):
+        if step == 1:
+            with torch.no_grad():
+                A.copy_(random_stiefel(D, R, torch.Generator().manual_seed(9)))
+                ids.random_(0, V, generator=torch.Generator().manual_seed(4))
+        if step == 2:
+            A.data = random_stiefel(D, R, torch.Generator().manual_seed(8))
+        lift, down = stiefel_lift(c, A, E, P, ids), stiefel_down(x, A)
+        torch.testing.assert_close(lift, c @ A.t() + E[ids] @ P)
+        torch.testing.assert_close(down, x @ A)
+        got = _grads(lift, (c, A, E)) + _grads(down, (x, A))
+        want = _grads(c @ A.t() + E[ids] @ P, (c, A, E)) + _grads(x @ A, (x, A))
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+
+
+def test_kept_views_save_their_dispatches():
+    """A second forward and backward with the same A, P and ids dispatches 5 ops fewer than the first, which made
+    the kept views: A's and P's transposes (a detach and a transpose each) and the ids' flat view."""
+    _, c, A, E, P, ids = _inputs()
+    first = _dispatches(lambda: stiefel_lift(c, A, E, P, ids))
+    again = _dispatches(lambda: stiefel_lift(c, A, E, P, ids))
+    assert first - again == 5, (first, again)

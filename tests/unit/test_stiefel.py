@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from slimpar.codecs.stiefel import (
     DEFAULT_POLAR_STEPS,
+    DIRECTION_STEPS,
+    PolarWork,
     identity_stiefel,
     msign,
     orth_error,
@@ -23,6 +26,7 @@ from slimpar.codecs.stiefel import (
     polar_express,
     polar_express_coefficients,
     random_stiefel,
+    retract,
     tangent_project,
 )
 
@@ -98,6 +102,54 @@ def test_polar_express_scalar_map_reaches_one() -> None:
         (8.28721201814563 / 1.01, -23.595886519098837 / 1.01**3, 17.300387312530933 / 1.01**5), rel=1e-15
     )
     assert rows[7] == rows[8] == (1.875, -1.25, 0.375)
+
+
+def test_direction_steps_take_the_table_range_to_one() -> None:
+    """SPEL's D with DIRECTION_STEPS (the 7 table rows): every singular value of ξ of at least 1e-3·‖ξ‖_F goes to
+    1 within 1.1e-5, the smaller ones stay in [0, 1]; measured as diag(Uᵀ D V) with numpy's SVD of the same ξ."""
+    m, n = 96, 24
+    rng = np.random.default_rng(5)
+    U, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    V, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    X = ((U * np.geomspace(1.0, 1e-5, n)) @ V.T).astype(np.float32).astype(np.float64)
+    Us, s, Vt = np.linalg.svd(X, full_matrices=False)
+    D = polar_express(torch.from_numpy(X), DIRECTION_STEPS).double().numpy()
+    sigma = np.einsum("mi,mn,in->i", Us, D, Vt)  # D's value along each singular pair of ξ
+    big = s >= 1e-3 * np.linalg.norm(X)
+    assert 0 < big.sum() < n
+    assert np.abs(sigma[big] - 1).max() <= 1.1e-5 + 1e-6  # + fp32 rounding of the iteration
+    assert sigma[~big].min() >= -1e-5 and sigma.max() <= 1 + 1e-6
+    assert DIRECTION_STEPS == 7 < DEFAULT_POLAR_STEPS
+
+
+class _Ops(TorchDispatchMode):
+    """The aten ops dispatched inside, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("shape", [(48, 12), (12, 48), (3, 48, 12), (3, 12, 48)])
+def test_polar_work_iterates_bit_for_bit(shape: tuple[int, ...]) -> None:
+    """Iterating in a PolarWork's two buffers gives the plain iteration's bits, normalised or not (the retraction),
+    with one transpose in all (the buffers' views) where the plain iteration transposes at every step."""
+    X = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    with _Ops() as plain:
+        ref = polar_express(X, DIRECTION_STEPS)
+    with _Ops() as kept:
+        work = PolarWork(X)
+        D = polar_express(X, DIRECTION_STEPS, work=work)
+    assert torch.equal(D, ref) and work.holds(D)
+    assert (plain.names.count("transpose"), kept.names.count("transpose")) == (DIRECTION_STEPS, 1)
+    Y = torch.add(msign(X), D, alpha=-1e-3, out=work.other(D))  # a retraction's input, in the other buffer
+    want, far = retract(Y.clone(), 1e-3), retract(Y.clone(), 0.6)
+    assert torch.equal(retract(Y, 1e-3, work=work), want)  # overwrites D's buffer
+    assert torch.equal(retract(Y.clone(), 0.6, work=work), far)  # not held in the work: the plain path
 
 
 def test_rank_deficient_maps_null_space_to_zero() -> None:
