@@ -11,9 +11,9 @@ the same products on 2-D matrices and return every gradient from one backward (`
 
 with X (n, d), C and G rows of tokens and P (m, d) frozen. Under autocast the products run in the autocast
 dtype, as autocast would run the matmuls, and each gradient returns in its input's dtype. Outside a compiled
-region, an A used without a cast is held on the node itself (not through the saved-tensor hooks, its version checked in backward
-as they would), and the transposes of A and P and the ids' flat view are made once per tensor and kept: each is a
-dispatcher call of its own at every use otherwise. No communication.
+region, an A used without a cast is held on the node itself (not through the saved-tensor hooks; its version is
+checked in backward as they would), and the transposes of A and P and the ids' flat view are made once per tensor
+and kept: each is a dispatcher call of its own at every use otherwise. No communication.
 """
 
 from __future__ import annotations

@@ -105,8 +105,8 @@ def decode_indices(codebooks: torch.Tensor, indices: torch.Tensor) -> torch.Tens
         raise ValueError(f"indices end in {indices.shape[-1]} levels, codebooks have {levels}")
     flat = indices.reshape(-1, levels)  # (N, Q)
     out = torch.zeros(flat.shape[0], dim, dtype=torch.float32, device=codebooks.device)  # (N, D)
-    for q in range(levels):
-        out = out + codebooks[q].float().index_select(0, flat[:, q])
+    for book, codes in zip(codebooks.unbind(0), flat.unbind(1), strict=True):  # a level's codebook and codes
+        out = out + book.float().index_select(0, codes)
     return out.reshape(*indices.shape[:-1], dim)
 
 
@@ -294,33 +294,39 @@ class ResidualVQ(nn.Module):
     def _assign(self, flat: torch.Tensor, collect: bool, windows: int = 1) -> torch.Tensor:
         """Greedy residual assignment (N, D) -> (N, Q); with ``collect`` record the EMA statistics of ``windows``
         forwards (equal parts of the rows)."""
-        residual = flat  # (N, D)
-        idx = torch.empty(flat.shape[0], self.levels, dtype=torch.int64, device=flat.device)  # (N, Q)
-        for q in range(self.levels):
-            i = nearest_code(residual, self.codebooks[q])  # (N,)
-            idx[:, q] = i
+        residual, codes = flat, []  # (N, D); each level's (N,) codes
+        # each level's codebook and window, as views taken once per forward (an index per use is a call each)
+        books = self.codebooks.unbind(0)
+        window = zip(*(t.unbind(0) for t in (self.pending_counts, self.pending_sums, self.pending_pool)),
+                     strict=True) if collect else None
+        for q, book in enumerate(books):
+            codes.append(nearest_code(residual, book))  # (N,)
             if collect:
-                self._collect(q, residual, i, windows)
-            residual = residual - self.codebooks[q].index_select(0, i)
+                self._collect(q, residual, codes[q], windows, next(window))
+            if q + 1 < self.levels:  # the last level's residual is not used
+                residual = residual - book.index_select(0, codes[q])
         self.pending_forwards += windows if collect else 0
-        return idx
+        return torch.stack(codes, dim=1)  # (N, Q)
 
-    def _collect(self, q: int, residual: torch.Tensor, assign: torch.Tensor, windows: int = 1) -> None:
-        """Add the batch counts n_k and sums s_k of level q to the window; keep K random candidate residuals
-        (of the last of ``windows`` forwards, drawn with that forward's key)."""
+    def _collect(self, q: int, residual: torch.Tensor, assign: torch.Tensor, windows: int,
+                 window: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """Add the batch counts n_k and sums s_k of level q to the window (``window``: level q's pending counts,
+        sums and candidate pool); keep K random candidate residuals (of the last of ``windows`` forwards, drawn
+        with that forward's key)."""
         k = self.codebook_size
+        counts, sums, pool = window
         if not self.pending_forwards:  # the first forward of a window
-            self.pending_counts[q].zero_()
-            self.pending_sums[q].zero_()
-        code_counts(assign, k, into=self.pending_counts[q])  # exact integers: the same sum as adding a count
-        self.pending_sums[q].index_add_(0, assign, residual)
+            counts.zero_()
+            sums.zero_()
+        code_counts(assign, k, into=counts)  # exact integers: the same sum as adding a count
+        sums.index_add_(0, assign, residual)
         n = residual.shape[0] // windows
         if n == 0:
             return
         last = residual[residual.shape[0] - n:] if windows > 1 else residual  # (n, D): the last forward's rows
         key = self._key(_POOL_PURPOSE + q, ahead=windows - 1)
         rows = seeded_rows(n, k, key, residual.device, self._positions(max(n, k, 1), residual.device))
-        self.pending_pool[q].copy_(last[rows])
+        pool.copy_(last[rows])
 
     def _positions(self, size: int, device: torch.device) -> torch.Tensor:
         """:func:`hashed_positions` of ``size`` rows, kept between forwards (a forward's row count rarely changes):

@@ -232,3 +232,27 @@ def test_training_forwards_keep_the_hashed_positions():
     assert vq._hashed is first and first.shape == (64,)
     vq(torch.randn(32, 8, generator=g))
     assert vq._hashed.shape == (32,)
+
+
+def test_a_forward_indexes_each_level_once():
+    """An eval forward of Q levels: Q − 1 residual updates (the last level's residual is never used) and the decode's
+    Q lookups, with each level's codebook taken once (one ``unbind``, no per-use indexing); the result is the
+    brute-force assignment (test_level0_indices_are_brute_force_nearest) whatever the views."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    rvq, x = trained_rvq(levels=3)
+    rvq.eval()
+    with Ops() as ops:
+        _, idx, _ = rvq(x)
+    assert ops.names.count("index_select") == 2 + 3  # residuals of levels 0 and 1, then the decode's 3 levels
+    assert "select" not in ops.names and ops.names.count("unbind") == 3  # codebooks twice, the codes' columns
+    assert idx.shape == (4, 32, 3) and idx.is_contiguous()
