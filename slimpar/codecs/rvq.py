@@ -82,13 +82,29 @@ def seeded_rows(n: int, k: int, key: int, device: torch.device | str | None = No
     k of the permutation that sorts hashed positions (distinct rows), else k hashed draws with repetition.
     The same on every device (integer arithmetic), with no ``torch.Generator``. ``positions``: a kept
     :func:`hashed_positions` of exactly max(n, k, 1) rows on ``device`` (else they are computed here)."""
+    positions = _kept_positions(n, k, device, positions)
+    return _draw(_hash32((positions + (key & _MASK32)) & _MASK32), n, k)
+
+
+def seeded_rows_each(n: int, k: int, keys: list[int], device: torch.device | str | None = None,
+                     positions: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """:func:`seeded_rows` for each of ``keys``, the same rows bit for bit, from one hash and one sort of a
+    (len(keys), size) stack: a draw per RVQ level costs the launches of one."""
+    positions = _kept_positions(n, k, device, positions)
+    return _draw(_hash32(torch.stack([positions + (key & _MASK32) for key in keys]) & _MASK32), n, k).unbind(0)
+
+
+def _kept_positions(n: int, k: int, device: torch.device | str | None, positions: torch.Tensor | None) -> torch.Tensor:
     size = max(n, k, 1)
-    if positions is None or positions.shape != (size,):
-        positions = hashed_positions(size, device)
-    h = _hash32((positions + (key & _MASK32)) & _MASK32)
+    return positions if positions is not None and positions.shape == (size,) else hashed_positions(size, device)
+
+
+def _draw(h: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """k indices into range(n) per row of keyed hashes h (..., max(n, k, 1)): for n >= k the first k of the
+    permutation that sorts them (distinct rows), else k hashed draws with repetition."""
     if n >= k:
-        return torch.argsort(h if size == n else h[:n], stable=True)[:k]
-    return torch.remainder(h[:k], max(n, 1))
+        return torch.argsort(h if h.shape[-1] == n else h[..., :n], dim=-1, stable=True)[..., :k]
+    return torch.remainder(h[..., :k], max(n, 1))
 
 
 def nearest_code(x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
@@ -299,20 +315,31 @@ class ResidualVQ(nn.Module):
         books = self.codebooks.unbind(0)
         window = zip(*(t.unbind(0) for t in (self.pending_counts, self.pending_sums, self.pending_pool)),
                      strict=True) if collect else None
+        draws = self._draws(flat.shape[0] // windows, windows, flat.device) if collect else None
         for q, book in enumerate(books):
             codes.append(nearest_code(residual, book))  # (N,)
             if collect:
-                self._collect(q, residual, codes[q], windows, next(window))
+                self._collect(residual, codes[q], windows, next(window), draws[q])
             if q + 1 < self.levels:  # the last level's residual is not used
                 residual = residual - book.index_select(0, codes[q])
         self.pending_forwards += windows if collect else 0
         return torch.stack(codes, dim=1)  # (N, Q)
 
-    def _collect(self, q: int, residual: torch.Tensor, assign: torch.Tensor, windows: int,
-                 window: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
-        """Add the batch counts n_k and sums s_k of level q to the window (``window``: level q's pending counts,
-        sums and candidate pool); keep K random candidate residuals (of the last of ``windows`` forwards, drawn
-        with that forward's key)."""
+    def _draws(self, n: int, windows: int, device: torch.device) -> list[torch.Tensor | None]:
+        """Each level's dead-code candidates: K rows of the last of ``windows`` forwards (n rows), drawn with that
+        forward's key for the level (:func:`seeded_rows`; one draw for every level, :func:`seeded_rows_each`)."""
+        if n == 0:
+            return [None] * self.levels
+        k, keys = self.codebook_size, [self._key(_POOL_PURPOSE + q, ahead=windows - 1) for q in range(self.levels)]
+        positions = self._positions(max(n, k, 1), device)
+        if self.levels == 1:
+            return [seeded_rows(n, k, keys[0], device, positions)]
+        return list(seeded_rows_each(n, k, keys, device, positions))
+
+    def _collect(self, residual: torch.Tensor, assign: torch.Tensor, windows: int,
+                 window: tuple[torch.Tensor, torch.Tensor, torch.Tensor], rows: torch.Tensor | None) -> None:
+        """Add a level's batch counts n_k and sums s_k to its window (``window``: the level's pending counts, sums
+        and candidate pool); keep its K candidate residuals ``rows`` of the last of ``windows`` forwards."""
         k = self.codebook_size
         counts, sums, pool = window
         if not self.pending_forwards:  # the first forward of a window
@@ -320,12 +347,10 @@ class ResidualVQ(nn.Module):
             sums.zero_()
         code_counts(assign, k, into=counts)  # exact integers: the same sum as adding a count
         sums.index_add_(0, assign, residual)
-        n = residual.shape[0] // windows
-        if n == 0:
+        if rows is None:  # no rows in a forward
             return
+        n = residual.shape[0] // windows
         last = residual[residual.shape[0] - n:] if windows > 1 else residual  # (n, D): the last forward's rows
-        key = self._key(_POOL_PURPOSE + q, ahead=windows - 1)
-        rows = seeded_rows(n, k, key, residual.device, self._positions(max(n, k, 1), residual.device))
         pool.copy_(last[rows])
 
     def _positions(self, size: int, device: torch.device) -> torch.Tensor:

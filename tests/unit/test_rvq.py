@@ -222,6 +222,16 @@ def test_kept_hashed_positions_draw_the_same_rows(n, k, key):
     assert torch.equal(seeded_rows(n, k, key, positions=kept[:-1]), seeded_rows(n, k, key))  # wrong size: rebuilt
 
 
+@pytest.mark.parametrize("n,k", [(64, 16), (10, 16), (16, 16)])
+def test_each_key_draws_its_own_rows_in_one_pass(n, k):
+    """seeded_rows_each gives each key's seeded_rows bit for bit; the candidates of every RVQ level come from it."""
+    from slimpar.codecs.rvq import seeded_rows, seeded_rows_each
+
+    keys = [5, 2**32 + 7, 123_456_789]
+    assert all(torch.equal(a, seeded_rows(n, k, key))
+               for a, key in zip(seeded_rows_each(n, k, keys), keys, strict=True))
+
+
 def test_training_forwards_keep_the_hashed_positions():
     """Successive training forwards of one size hash the positions once; a new size hashes them again."""
     vq = ResidualVQ(dim=8, levels=2, codebook_size=16)
@@ -256,3 +266,7 @@ def test_a_forward_indexes_each_level_once():
     assert ops.names.count("index_select") == 2 + 3  # residuals of levels 0 and 1, then the decode's 3 levels
     assert "select" not in ops.names and ops.names.count("unbind") == 3  # codebooks twice, the codes' columns
     assert idx.shape == (4, 32, 3) and idx.is_contiguous()
+    rvq.train()
+    with Ops() as ops:
+        rvq(x)
+    assert ops.names.count("sort") == 1  # the three levels' candidates drawn in one sort (and one hash)
