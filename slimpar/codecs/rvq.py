@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from slimpar.codecs.commitment import commitment_loss
 from slimpar.codecs.quant import straight_through
 
 _POOL_PURPOSE = 1000  # stream offset of dead-code candidate sampling
@@ -223,7 +224,7 @@ class ResidualVQ(nn.Module):
         with torch.no_grad():
             idx = self._assign(flat, collect=self.training, windows=windows)  # (N, Q)
             q = decode_indices(self.codebooks, idx)  # (N, D) float32
-        commit = self.commitment * (x.reshape(-1, self.dim).float() - q).pow(2).sum(-1).mean()
+        commit = commitment_loss(x, q, self.commitment)  # one autograd node (codecs/commitment.py)
         if self.training:
             self.steps += windows
         quantized = straight_through(x, q.reshape(x.shape))
