@@ -125,13 +125,13 @@ def _polar_iterate(X: Tensor, rows: list[tuple[float, float, float]], normalise:
     """X ← a X + (b S + c S²) X per row (a, b, c), S the Gram of the short side; fp32, any (..., m, n).
 
     A tall X (m > n) is updated as X ← a X + X (b S + c S²) with S = XᵀX, the same polynomial in its singular
-    values, so neither orientation is transposed in and out (two fewer dispatches a call). With ``work`` (X of at
-    most 3 dimensions, held in one of its buffers unless normalised into one here) the iterate moves between its
-    buffers (:func:`_iterate_in`).
+    values, so neither orientation is transposed in and out (two fewer dispatches a call). With ``work`` (of X's
+    shape, at most 3 dimensions, X held in one of its buffers unless normalised into one here) the iterate moves
+    between its buffers (:func:`_iterate_in`).
     """
     Y = X.to(torch.float32)
-    if work is not None and (Y.ndim > 3 or not (normalise or work.holds(Y))):
-        work = None  # the plain iteration
+    if work is not None and (Y.ndim > 3 or work.bufs[0].shape != Y.shape or not (normalise or work.holds(Y))):
+        work = None  # the plain iteration: more than one batch dimension, a work of another shape, or X outside it
     if normalise:
         norm = torch.linalg.matrix_norm(Y, ord="fro", keepdim=True) if fro is None else fro  # (..., 1, 1)
         denom = norm * _PE_SAFETY + 1e-7

@@ -150,6 +150,8 @@ def test_polar_work_iterates_bit_for_bit(shape: tuple[int, ...]) -> None:
     want, far = retract(Y.clone(), 1e-3), retract(Y.clone(), 0.6)
     assert torch.equal(retract(Y, 1e-3, work=work), want)  # overwrites D's buffer
     assert torch.equal(retract(Y.clone(), 0.6, work=work), far)  # not held in the work: the plain path
+    other = PolarWork(torch.empty(2, *shape))  # another shape: the plain path, not a resized buffer
+    assert torch.equal(polar_express(X, DIRECTION_STEPS, work=other), ref) and not other.holds(ref)
 
 
 def test_rank_deficient_maps_null_space_to_zero() -> None:
