@@ -1,7 +1,8 @@
 """``slimpar bench sdp|mapl|quality|wallclock [--quick] --out DIR``, ``slimpar bench throughput --out DIR [--size
 134m] [--device cuda] [--quick]``, ``slimpar bench gpu [--device cpu]`` (the device
 check), ``slimpar bench plans --out DIR``,
-``slimpar bench memory --out DIR`` (the paper's memory table, predicted) and ``slimpar bench readme [--check]``
+``slimpar bench memory --out DIR`` (the paper's memory table, predicted), ``slimpar bench ops --out DIR [--rows
+tiny,small,134m]`` (aten ops per step of the virtual pipeline's codecs) and ``slimpar bench readme [--check]``
 (the measured blocks of README.md and docs/results from the committed results)."""
 
 from __future__ import annotations
@@ -15,6 +16,21 @@ def bench_command(args: argparse.Namespace, rest: list[str]) -> int:
 
     with stop_jobs_with_me():
         return _bench(args, rest)
+
+
+def _ops(args: argparse.Namespace, out: Path) -> dict:
+    """``slimpar bench ops``: the CPU's count; ``--rows`` names model sizes (default: every one)."""
+    from benchmarks.ops import SIZES, bench_ops
+    from slimpar.config import ConfigError
+
+    if args.device != "cpu":
+        raise ConfigError("slimpar bench ops counts the aten ops of fp32 runs on the CPU; drop --device")
+    named = _names(args.rows) or set(SIZES)
+    unknown = sorted(named - set(SIZES))
+    if unknown:
+        raise ConfigError(f"slimpar bench ops has no size {', '.join(map(repr, unknown))}; its sizes: "
+                          f"{', '.join(SIZES)}")
+    return bench_ops(out, tuple(s for s in SIZES if s in named))
 
 
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
@@ -74,6 +90,8 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
         from benchmarks.fit import bench_fit
 
         data = bench_fit(out, args.quick)
+    elif args.which == "ops":
+        data = _ops(args, out)
     elif args.which == "memory":
         from benchmarks.memory import bench_memory
 

@@ -171,7 +171,7 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
     pl.set_defaults(func=_plan)
     b = sub.add_parser("bench", help="side-by-side benchmarks")
     b.add_argument("which", choices=["sdp", "mapl", "quality", "plans", "wallclock", "memory", "readme", "gpu",
-                                         "modes", "throughput", "fit"],
+                                         "modes", "throughput", "fit", "ops"],
                    help="readme: write the measured blocks of README.md and docs/results from the committed results "
                         "(no --out)")
     b.add_argument("--quick", action="store_true", help="a short version (under 5 minutes)")
@@ -185,7 +185,8 @@ def build_parser(help_cfg: Config | None = None, help_source: str = "") -> argpa
                    "(group/name/sSEED); default: every row, except for quality: its core set (lr-sweep, tuned, "
                    "sdp-lr-sweep, sdp-tuned), the other groups (one-rate, length, width, unseen-config, ...: "
                    "benchmarks/quality/rows.py) run when named; finished runs are reused; gpu: the check part unless "
-                   "'speed' (the throughput rows) is named; throughput: rows or the groups plain, trainer, pipeline")
+                   "'speed' (the throughput rows) is named; throughput: rows or the groups plain, trainer, pipeline; "
+                   "ops: model sizes (tiny, small, 134m)")
     b.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="mapl: cuda runs every row as a virtual pipeline on one GPU (no links, no throttling); gpu: "
                         "the device check's (default cuda where one is present; cpu runs its rows on gloo)")

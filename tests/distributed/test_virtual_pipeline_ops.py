@@ -1,5 +1,6 @@
 """Aten ops per step (the instrumented step's count, summary.json ``per_rank[0].aten_ops``) of a virtual pipeline,
-against one process training the same model (llama_small, 4 stages, 4 microbatches, the same global batch).
+against one process training the same model (4 stages, 4 microbatches, the same global batch): the rows of
+``slimpar bench ops`` (benchmarks/ops.py; docs/results/ops), at batch 4 x 64, which does not change the count.
 
 Budgets: one pass through the 4 stages at most 1.15x the single process's ops (the microbatched schedule ran
 every stage's ops once per microbatch: 8,691 against 2,101 at 119f13a). MAPL 4x at most 1.05x the uncompressed
@@ -14,40 +15,31 @@ loss made one autograd node).
 
 import json
 
+from benchmarks.ops import CONFIG, row_args
 from tests.helpers import ROOT, run_train
 
-CONFIG = ROOT / "configs" / "llama_small.toml"
-STEPS = ["--train.steps", "2", "--log.measure_step", "1", "--eval.batches", "1", "--data.ood", "none",
-         "--checkpoint.export", "false", "--checkpoint.final", "false", "--checkpoint.every", "0",
-         "--log.progress", "false"]
-VIRTUAL = ["--parallel.mode", "pipeline", "--parallel.workers", "1", "--pipeline.virtual", "true",
-           "--pipeline.stages", "4", "--pipeline.microbatches", "4"]
 ONE_PASS_BUDGET = 1.15  # x the single process's ops
 MAPL_BUDGET = 1.07  # x the uncompressed virtual pipeline's ops, llama_small
 MAPL_134M_BUDGET = 1.05  # the same on the 134m model: the goal of 1.05x, met there
-SIZE_134M = ["--model.size", "134m", "--train.batch_size", "4", "--data.seq_len", "64", "--eval.batch_size", "4"]
 RVQ_BUDGET = 1.24  # x the uncompressed virtual pipeline's ops
 
 
-def _ops(out, *overrides: str) -> int:
-    run_train(out, *STEPS, *overrides, config=CONFIG)
+def _ops(out, size: str, row: str) -> int:
+    """The aten ops of ``slimpar bench ops``' row ``row`` at model ``size`` (benchmarks/ops.py)."""
+    run_train(out, *row_args(size, row), "--log.progress", "false", config=ROOT / "configs" / CONFIG)
     (rank,) = json.loads((out / "summary.json").read_text())["per_rank"]
     return rank["aten_ops"]
 
 
 def test_virtual_pipeline_ops_within_budget(tmp_path):
-    single = _ops(tmp_path / "single", "--parallel.mode", "single", "--parallel.workers", "1")
-    none = _ops(tmp_path / "none", *VIRTUAL)
-    mapl = _ops(tmp_path / "mapl", *VIRTUAL, "--pipeline.codec", "mapl", "--pipeline.compression", "4")
-    rvq = _ops(tmp_path / "rvq", *VIRTUAL, "--pipeline.codec", "mapl", "--pipeline.compression", "16",
-               "--pipeline.rvq.levels", "2", "--pipeline.compression_of", "payload")
+    single, none, mapl, rvq = (_ops(tmp_path / str(i), "small", row) for i, row in enumerate(
+        ("single", "virtual pipeline, none", "MAPL 4x", "MAPL 16x + RVQ")))
     assert none <= ONE_PASS_BUDGET * single, (none, single)
     assert mapl <= MAPL_BUDGET * none, (mapl, none)
     assert rvq <= RVQ_BUDGET * none, (rvq, none)
 
 
 def test_mapl_ops_on_the_134m_model_within_budget(tmp_path):
-    """At 4 x 64 tokens: the count does not depend on the batch (llama_small gives the same at 4 x 64)."""
-    none = _ops(tmp_path / "none", *VIRTUAL, *SIZE_134M)
-    mapl = _ops(tmp_path / "mapl", *VIRTUAL, *SIZE_134M, "--pipeline.codec", "mapl", "--pipeline.compression", "4")
+    none = _ops(tmp_path / "none", "134m", "virtual pipeline, none")
+    mapl = _ops(tmp_path / "mapl", "134m", "MAPL 4x")
     assert mapl <= MAPL_134M_BUDGET * none, (mapl, none)
