@@ -260,14 +260,12 @@ class ResidualVQ(nn.Module):
 
     @torch.no_grad()
     def apply_pending_update(self) -> bool:
-        """Apply the pending window's EMA update and dead-code replacement; True (a new version) when there was
-        a window. Every window of at least one vector uses a code, so it changes rows: the version is bumped
-        without reading the changed mask on the host."""
+        """Apply the pending window's EMA update and dead-code replacement (every level at once); True (a new
+        version) when there was a window. Every window of at least one vector uses a code, so it changes rows: the
+        version is bumped without reading the changed mask on the host."""
         if not self.pending_forwards:
             return False
-        changed = torch.zeros_like(self.changed)  # (Q, K)
-        for q in range(self.levels):
-            changed[q] = self._ema_level(q, self.pending_forwards)
+        changed = self._ema(self.pending_forwards)
         self.pending_forwards = 0
         self._mark_changed(changed)
         return True
@@ -317,6 +315,9 @@ class ResidualVQ(nn.Module):
         window = zip(*(t.unbind(0) for t in (self.pending_counts, self.pending_sums, self.pending_pool)),
                      strict=True) if collect else None
         draws = self._draws(flat.shape[0] // windows, windows, flat.device) if collect else None
+        if collect and not self.pending_forwards:  # the first forward of a window: every level's window anew
+            self.pending_counts.zero_()
+            self.pending_sums.zero_()
         for q, book in enumerate(books):
             codes.append(nearest_code(residual, book))  # (N,)
             if collect:
@@ -342,10 +343,7 @@ class ResidualVQ(nn.Module):
         """Add a level's batch counts n_k and sums s_k to its window (``window``: the level's pending counts, sums
         and candidate pool); keep its K candidate residuals ``rows`` of the last of ``windows`` forwards."""
         k = self.codebook_size
-        counts, sums, pool = window
-        if not self.pending_forwards:  # the first forward of a window
-            counts.zero_()
-            sums.zero_()
+        counts, sums, pool = window  # zeroed for every level at a window's first forward (_assign)
         code_counts(assign, k, into=counts)  # exact integers: the same sum as adding a count
         sums.index_add_(0, assign, residual)
         if rows is None:  # no rows in a forward
@@ -362,22 +360,27 @@ class ResidualVQ(nn.Module):
             kept = self._hashed = hashed_positions(size, device)
         return kept
 
-    def _ema_level(self, q: int, n: int) -> torch.Tensor:
-        """EMA step of level q over a window of n forwards, then dead-code replacement; (K,) changed."""
-        counts = self.pending_counts[q]  # (K,) summed over the window
+    def _ema(self, n: int) -> torch.Tensor:
+        """EMA step of every level over a window of n forwards, then dead-code replacement; (Q, K) changed.
+
+        The levels' rows are independent, so the Q levels go as one (Q, K[, D]) batch: each op does per level
+        what it would on the level alone (a level's mean count sums its own row of K), in Q times fewer calls."""
+        counts = self.pending_counts  # (Q, K) summed over the window
         decay = self.decay**n
         weight = (1.0 - decay) / n
-        size = self.cluster_size[q].mul_(decay).add_(counts, alpha=weight)  # (K,)
-        sums = self.embed_sum[q].mul_(decay).add_(self.pending_sums[q], alpha=weight)  # (K, D)
-        used = counts > 0  # (K,)
-        book = torch.where(used[:, None], sums / size.clamp_min(self.eps)[:, None], self.codebooks[q])  # (K, D)
-        mean_size = size.sum() / self.codebook_size
-        dead = ~used & (size < self.dead_threshold * mean_size)  # (K,)
-        # the j-th dead row (in row order) takes the pool's j-th candidate: the pool is already in random order
-        fresh = self.pending_pool[q][(torch.cumsum(dead, 0) - 1).clamp_min(0)]  # (K, D)
-        self.codebooks[q].copy_(torch.where(dead[:, None], fresh, book))
-        self.embed_sum[q].copy_(torch.where(dead[:, None], fresh * mean_size, sums))
-        self.cluster_size[q].copy_(torch.where(dead, mean_size, size))
+        size = self.cluster_size.mul_(decay).add_(counts, alpha=weight)  # (Q, K)
+        sums = self.embed_sum.mul_(decay).add_(self.pending_sums, alpha=weight)  # (Q, K, D)
+        used = counts > 0  # (Q, K)
+        book = torch.where(used[..., None], sums / size.clamp_min(self.eps)[..., None], self.codebooks)
+        mean_size = size.sum(1, keepdim=True) / self.codebook_size  # (Q, 1)
+        dead = ~used & (size < self.dead_threshold * mean_size)  # (Q, K)
+        # the j-th dead row of a level (in row order) takes its pool's j-th candidate: the pool is in random order
+        pick = (torch.cumsum(dead, 1) - 1).clamp_min(0)  # (Q, K)
+        fresh = self.pending_pool.gather(1, pick[..., None].expand_as(self.pending_pool))  # (Q, K, D)
+        dead_rows = dead[..., None]  # (Q, K, 1)
+        self.codebooks.copy_(torch.where(dead_rows, fresh, book))
+        self.embed_sum.copy_(torch.where(dead_rows, fresh * mean_size[..., None], sums))
+        self.cluster_size.copy_(torch.where(dead, mean_size, size))
         return used | dead
 
     def _mark_changed(self, mask: torch.Tensor) -> None:

@@ -270,3 +270,55 @@ def test_a_forward_indexes_each_level_once():
     with Ops() as ops:
         rvq(x)
     assert ops.names.count("sort") == 1  # the three levels' candidates drawn in one sort (and one hash)
+
+
+def _level_alone(rvq: ResidualVQ, q: int, n: int) -> tuple[torch.Tensor, ...]:
+    """Level q's EMA step over a window of n forwards and its dead-code replacement, written out for that level
+    alone (docs/methods.md, 'Residual vector quantization'): the reference for the batched update."""
+    counts, decay = rvq.pending_counts[q], rvq.decay**n
+    size = rvq.cluster_size[q].clone().mul_(decay).add_(counts, alpha=(1.0 - decay) / n)
+    sums = rvq.embed_sum[q].clone().mul_(decay).add_(rvq.pending_sums[q], alpha=(1.0 - decay) / n)
+    used = counts > 0
+    book = torch.where(used[:, None], sums / size.clamp_min(rvq.eps)[:, None], rvq.codebooks[q])
+    mean = size.sum() / rvq.codebook_size
+    dead = ~used & (size < rvq.dead_threshold * mean)
+    fresh = rvq.pending_pool[q][(torch.cumsum(dead, 0) - 1).clamp_min(0)]
+    return (torch.where(dead[:, None], fresh, book), torch.where(dead[:, None], fresh * mean, sums),
+            torch.where(dead, mean, size), used | dead)
+
+
+def test_the_levels_update_as_one_batch_with_each_levels_bits():
+    """Every level of a window's update (EMA counts and sums, new rows, dead codes refilled from the pool) equals
+    that level updated alone, bit for bit, in a fixed number of calls whatever the number of levels."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Calls.n += 1
+            return func(*args, **(kwargs or {}))
+
+    calls = []
+    for levels in (1, 4):
+        rvq = ResidualVQ(dim=4, levels=levels, codebook_size=8, decay=0.8, dead_threshold=0.9)
+        g = torch.Generator().manual_seed(levels)
+        counts = torch.randint(0, 4, (levels, 8), generator=g).float()  # zeros: unused codes, some of them dead
+        with torch.no_grad():
+            for name, value in (("codebooks", torch.randn(levels, 8, 4, generator=g)),
+                                ("cluster_size", torch.rand(levels, 8, generator=g) * 3),
+                                ("embed_sum", torch.randn(levels, 8, 4, generator=g)), ("pending_counts", counts),
+                                ("pending_sums", torch.randn(levels, 8, 4, generator=g)),
+                                ("pending_pool", torch.randn(levels, 8, 4, generator=g))):
+                getattr(rvq, name).copy_(value)
+        rvq.initialized, rvq.pending_forwards = True, 2
+        want = [_level_alone(rvq, q, 2) for q in range(levels)]
+        Calls.n = 0
+        with Calls():
+            assert rvq.apply_pending_update()
+        calls.append(Calls.n)
+        for q, (book, sums, size, changed) in enumerate(want):
+            assert torch.equal(rvq.codebooks[q], book) and torch.equal(rvq.embed_sum[q], sums)
+            assert torch.equal(rvq.cluster_size[q], size) and torch.equal(rvq.changed_mask[q], changed)
+        assert (rvq.changed_mask & (rvq.pending_counts == 0)).any()  # a dead code was refilled
+    assert calls[0] == calls[1], calls
