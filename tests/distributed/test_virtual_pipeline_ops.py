@@ -23,6 +23,7 @@ from tests.helpers import ROOT, run_train
 ONE_PASS_BUDGET = 1.15  # x the single process's ops
 MAPL_BUDGET = 1.07  # x the uncompressed virtual pipeline's ops, llama_small
 MAPL_134M_BUDGET = 1.05  # the same on the 134m model: the goal of 1.05x, met there
+MAPL_MICROBATCHED_BUDGET = 1.05  # the same in the microbatched schedule, llama_small: the goal, met there
 RVQ_BUDGET = 1.22  # x the uncompressed virtual pipeline's ops, at a step without a codebook update
 RVQ_UPDATE_BUDGET = 1.31  # the same at a step with one (every second step)
 
@@ -42,6 +43,14 @@ def test_virtual_pipeline_ops_within_budget(tmp_path):
     assert rvq <= RVQ_BUDGET * none, (rvq, none)
     rvq_update = _ops(tmp_path / "rvq_update", "small", "MAPL 16x + RVQ", step=2)
     assert rvq < rvq_update <= RVQ_UPDATE_BUDGET * none, (rvq_update, rvq, none)
+
+
+def test_mapl_ops_in_the_microbatched_schedule_within_budget(tmp_path):
+    """The schedule the goal was set in (every microbatch through every stage in turn): MAPL 4x at most 1.05x none
+    on llama_small (8,975 against 8,583; 10,618 against 8,669 when the goal was set)."""
+    none = _ops(tmp_path / "none", "small", "microbatched, none")
+    mapl = _ops(tmp_path / "mapl", "small", "microbatched, MAPL 4x")
+    assert mapl <= MAPL_MICROBATCHED_BUDGET * none, (mapl, none)
 
 
 def test_mapl_ops_on_the_134m_model_within_budget(tmp_path):
