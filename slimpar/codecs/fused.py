@@ -47,13 +47,21 @@ def _t(w: Tensor, kept: bool) -> Tensor:
 
 def _kept_view(w: Tensor, how: str) -> Tensor:
     """w's view ``how`` ("t": wᵀ; "flat": w.reshape(-1) of a contiguous w), made once per tensor and kept while w
-    lives, made again once w's storage, shape or strides change (``.data`` replaced, a move to another device)."""
+    lives, made again once w's storage, shape or strides change (``.data`` replaced, a move to another device).
+    A tensor subclass (a fake tensor of a tracer or of the stand-in device, a DTensor) has no storage of its own to
+    key on, so its view is made at every use."""
+    if type(w) is not Tensor and type(w) is not torch.nn.Parameter:
+        return _view(w, how)
     views = _VIEWS.get(w)
     if views is None or views[0] != (w.data_ptr(), w.shape, w.stride()):
         views = _VIEWS[w] = ((w.data_ptr(), w.shape, w.stride()), {})
     if how not in views[1]:
-        views[1][how] = w.detach().t() if how == "t" else w.view(-1)  # (ids never require a gradient)
+        views[1][how] = _view(w, how)
     return views[1][how]
+
+
+def _view(w: Tensor, how: str) -> Tensor:
+    return w.detach().t() if how == "t" else w.view(-1)  # (ids never require a gradient)
 
 
 def _flat_ids(ids: Tensor) -> Tensor:

@@ -183,3 +183,20 @@ def test_kept_views_save_their_dispatches():
     first = _dispatches(lambda: stiefel_lift(c, A, E, P, ids))
     again = _dispatches(lambda: stiefel_lift(c, A, E, P, ids))
     assert first - again == 5, (first, again)
+
+
+def test_a_fake_tensors_views_are_made_at_every_use():
+    """Under a fake-tensor tracer (the stand-in device, memory prediction) A, P and the ids have no storage to key a
+    kept view on (reading a fake tensor's data pointer is deprecated): their views are made at each use, nothing is
+    kept, and the result has the shape of the real one."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from slimpar.codecs import fused
+
+    with FakeTensorMode():
+        _, c, A, E, P, ids = _inputs()
+        out = stiefel_lift(c, A, E, P, ids)
+        out.sum().backward()
+        down = stiefel_down(out, A)
+    assert out.shape == (3, 5, D) and down.shape == (3, 5, R) and A.grad.shape == (D, R)
+    assert not any(t in fused._VIEWS for t in (A, P, ids))
