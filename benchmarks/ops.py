@@ -32,26 +32,23 @@ from pathlib import Path
 
 from benchmarks.report import COMPRESSION_NOTE, markdown_table, metadata, write_json
 from benchmarks.runner import Row, run_row
+from benchmarks.throughput import TRAIN_ROWS
 from slimpar.models.llama import LlamaConfig
 
 SIZES = ("tiny", "small", "134m")
-STAGES = 4
+STAGES = 4  # as the rows say (--pipeline.stages)
 MEASURED = (1, 2)  # the steps counted, one run each: a whole RVQ update cycle
 TRAIN = ["--eval.batches", "1", "--data.ood", "none", "--checkpoint.export", "false", "--checkpoint.final", "false",
          "--checkpoint.every", "0"]
 BATCH = ["--train.batch_size", "4", "--data.seq_len", "64", "--eval.batch_size", "4"]  # the count does not vary
-VIRTUAL = ["--parallel.mode", "pipeline", "--parallel.workers", "1", "--pipeline.virtual", "true",
-           "--pipeline.stages", str(STAGES), "--pipeline.microbatches", "4"]
-PAYLOAD = ["--pipeline.compression_of", "payload"]
 MICROBATCHED = ["--pipeline.virtual_microbatched", "true"]  # each microbatch through every stage in turn
+# the pipeline rows are slimpar bench throughput's (4 stages, 4 microbatches), counted here at three sizes
 ROWS = {"single": ["--parallel.mode", "single", "--parallel.workers", "1"],
-        "virtual pipeline, none": VIRTUAL,
-        "MAPL 4x": [*VIRTUAL, "--pipeline.codec", "mapl", "--pipeline.compression", "4", *PAYLOAD],
-        "MAPL 16x + RVQ": [*VIRTUAL, "--pipeline.codec", "mapl", "--pipeline.compression", "16",
-                           "--pipeline.rvq.levels", "2", *PAYLOAD],
-        "microbatched, none": [*VIRTUAL, *MICROBATCHED],
-        "microbatched, MAPL 4x": [*VIRTUAL, *MICROBATCHED, "--pipeline.codec", "mapl", "--pipeline.compression", "4",
-                                  *PAYLOAD]}
+        "virtual pipeline, none": TRAIN_ROWS["virtual pipeline, none"],
+        "MAPL 4x": TRAIN_ROWS["virtual pipeline, MAPL 4x"],
+        "MAPL 16x + RVQ": TRAIN_ROWS["virtual pipeline, MAPL 16x + RVQ"],
+        "microbatched, none": [*TRAIN_ROWS["virtual pipeline, none"], *MICROBATCHED],
+        "microbatched, MAPL 4x": [*TRAIN_ROWS["virtual pipeline, MAPL 4x"], *MICROBATCHED]}
 REFERENCE = {"virtual pipeline, none": "single", "MAPL 4x": "virtual pipeline, none",
              "MAPL 16x + RVQ": "virtual pipeline, none", "microbatched, none": "single",
              "microbatched, MAPL 4x": "microbatched, none"}
