@@ -90,7 +90,9 @@ def seeded_rows(n: int, k: int, key: int, device: torch.device | str | None = No
 def seeded_rows_each(n: int, k: int, keys: list[int], device: torch.device | str | None = None,
                      positions: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """:func:`seeded_rows` for each of ``keys``, the same rows bit for bit, from one hash and one sort of a
-    (len(keys), size) stack: a draw per RVQ level costs the launches of one."""
+    (len(keys), size) stack: a draw per RVQ level costs the launches of one (one key: no stack)."""
+    if len(keys) == 1:
+        return (seeded_rows(n, k, keys[0], device, positions),)
     positions = _kept_positions(n, k, device, positions)
     return _draw(_hash32(torch.stack([positions + (key & _MASK32) for key in keys]) & _MASK32), n, k).unbind(0)
 
@@ -329,14 +331,11 @@ class ResidualVQ(nn.Module):
 
     def _draws(self, n: int, windows: int, device: torch.device) -> list[torch.Tensor | None]:
         """Each level's dead-code candidates: K rows of the last of ``windows`` forwards (n rows), drawn with that
-        forward's key for the level (:func:`seeded_rows`; one draw for every level, :func:`seeded_rows_each`)."""
+        forward's key for the level (one draw for every level, :func:`seeded_rows_each`)."""
         if n == 0:
             return [None] * self.levels
         k, keys = self.codebook_size, [self._key(_POOL_PURPOSE + q, ahead=windows - 1) for q in range(self.levels)]
-        positions = self._positions(max(n, k, 1), device)
-        if self.levels == 1:
-            return [seeded_rows(n, k, keys[0], device, positions)]
-        return list(seeded_rows_each(n, k, keys, device, positions))
+        return list(seeded_rows_each(n, k, keys, device, self._positions(max(n, k, 1), device)))
 
     def _collect(self, residual: torch.Tensor, assign: torch.Tensor, windows: int,
                  window: tuple[torch.Tensor, torch.Tensor, torch.Tensor], rows: torch.Tensor | None) -> None:
